@@ -1,0 +1,488 @@
+"""What every algorithm shares: the scikit-learn estimator shell, the fit loop,
+evaluation, logging, checkpoints, save/load and policy export.
+
+An algorithm subclasses `OfflineAlgorithm` (or `BaseEstimator` for online
+learners) and provides:
+
+- `_build(spec)`: networks and optimisers as `*_` attributes, from a spec dict
+  (dimensions, action bounds, ...) so that `offrl.load` can rebuild them;
+- `_update(batch, step) -> dict[str, Tensor]`: one gradient step;
+- `_act(obs, deterministic) -> Tensor`: actions for normalised observations;
+- optionally `_value(obs, actions) -> Tensor` (critic) and `_extra_columns`.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping
+
+import numpy as np
+import sklearn.base
+import torch
+from sklearn.exceptions import NotFittedError
+from torch import nn
+
+from offrl.datasets.core import Batch, Dataset, atomic_write_path
+
+__all__ = ["BaseEstimator", "OfflineAlgorithm", "ObservationNormalizer", "resolve_device", "TrainingDivergedError"]
+
+
+class TrainingDivergedError(FloatingPointError):
+    """A loss became NaN or inf during training."""
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' was requested but CUDA is not available; use device='cpu' or 'auto'")
+    return device
+
+
+class ObservationNormalizer(nn.Module):
+    """(obs - mean) / std with the statistics as buffers, so they are saved and exported with the model."""
+
+    def __init__(self, mean: Any, std: Any) -> None:
+        super().__init__()
+        self.register_buffer("mean", torch.as_tensor(np.asarray(mean, np.float32)))
+        self.register_buffer("std", torch.as_tensor(np.asarray(std, np.float32)))
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return (obs - self.mean) / self.std
+
+
+class _ExportedPolicy(nn.Module):
+    def __init__(self, normalizer: nn.Module, actor: nn.Module) -> None:
+        super().__init__()
+        self.normalizer = normalizer
+        self.actor = actor
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.actor(self.normalizer(obs))
+
+
+class BaseEstimator(sklearn.base.BaseEstimator):
+    """scikit-learn estimator shell shared by offline and online algorithms."""
+
+    # ------------------------------------------------------------------ hooks
+    def _build(self, spec: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def _act(self, obs: torch.Tensor, deterministic: bool) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _value(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        raise AttributeError(f"{type(self).__name__} has no critic, so predict_value is not available")
+
+    def _export_actor(self) -> nn.Module:
+        """A module mapping normalised observations to deterministic actions (for TorchScript export)."""
+        policy = getattr(self, "policy_", None)
+        if policy is None:
+            raise AttributeError(f"{type(self).__name__} has no policy_ to export")
+        return _DeterministicActor(policy)
+
+    # ------------------------------------------------------------------ shared plumbing
+    @property
+    def device_(self) -> torch.device:
+        return resolve_device(getattr(self, "device", "cpu"))
+
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "spec_"):
+            raise NotFittedError(f"This {type(self).__name__} instance is not fitted yet; call fit(dataset) first")
+
+    def __sklearn_is_fitted__(self) -> bool:
+        return hasattr(self, "spec_")
+
+    def _make_spec(self, dataset: Dataset) -> dict[str, Any]:
+        if getattr(self, "normalize_observations", False):
+            mean, std = dataset.observation_stats()
+        else:
+            mean, std = np.zeros(dataset.observation_dim, np.float32), np.ones(dataset.observation_dim, np.float32)
+        spec = {
+            "observation_dim": dataset.observation_dim,
+            "action_dim": dataset.action_dim,
+            "discrete_actions": dataset.discrete_actions,
+            "action_low": None if dataset.action_low is None else dataset.action_low.tolist(),
+            "action_high": None if dataset.action_high is None else dataset.action_high.tolist(),
+            "obs_mean": mean.tolist(),
+            "obs_std": std.tolist(),
+        }
+        if dataset.action_low is None and dataset.discrete_actions is None:
+            # Unknown bounds: use the data's range, widened slightly, so tanh policies can reach every logged action.
+            low, high = dataset.actions.min(0), dataset.actions.max(0)
+            pad = 1e-3 * np.maximum(high - low, 1.0)
+            spec["action_low"], spec["action_high"] = (low - pad).tolist(), (high + pad).tolist()
+        for key in ("ref_min_score", "ref_max_score", "env_id", "name"):
+            if dataset.metadata.get(key) is not None:
+                spec[key] = dataset.metadata[key]
+        return spec
+
+    def _build_all(self, spec: dict[str, Any]) -> None:
+        self.spec_ = spec
+        self.obs_normalizer_ = ObservationNormalizer(spec["obs_mean"], spec["obs_std"]).to(self.device_)
+        self._build(spec)
+
+    def _state_objects(self, include_optimizers: bool = False) -> dict[str, Any]:
+        objects = {}
+        for name, value in vars(self).items():
+            if not name.endswith("_") or name.startswith("_"):
+                continue
+            if isinstance(value, nn.Module) or (include_optimizers and _is_stateful_optimizer(value)):
+                objects[name] = value
+        return objects
+
+    def _fitted_attributes(self) -> dict[str, Any]:
+        return {k: v for k, v in vars(self).items()
+                if k.endswith("_") and not k.startswith("_") and isinstance(v, (int, float, str, bool)) and k != "spec_"}
+
+    def _restore(self, spec: dict[str, Any], state: Mapping[str, Any], attributes: Mapping[str, Any]) -> None:
+        self._build_all(spec)
+        objects = self._state_objects(include_optimizers=True)
+        for name, value in state.items():
+            if name not in objects:
+                raise ValueError(f"model file has state for {name!r}, which {type(self).__name__} does not have")
+            objects[name].load_state_dict(value)
+        for name, value in attributes.items():
+            setattr(self, name, value)
+
+    def _as_obs_tensor(self, observations: Any) -> tuple[torch.Tensor, bool]:
+        self._check_fitted()
+        obs = np.asarray(observations, dtype=np.float32)
+        single = obs.ndim == 1
+        if single:
+            obs = obs[None]
+        if obs.ndim != 2 or obs.shape[1] != self.spec_["observation_dim"]:
+            raise ValueError(
+                f"observations has shape {np.asarray(observations).shape}; expected "
+                f"({self.spec_['observation_dim']},) or (n, {self.spec_['observation_dim']})"
+            )
+        return torch.as_tensor(obs, device=self.device_), single
+
+    def _set_eval_mode(self, training: bool) -> None:
+        for module in self._state_objects().values():
+            module.train(training)
+
+    # ------------------------------------------------------------------ public API
+    @torch.no_grad()
+    def predict(self, observations: Any, deterministic: bool = True) -> np.ndarray:
+        """Actions for one observation (obs_dim,) or a batch (n, obs_dim)."""
+        obs, single = self._as_obs_tensor(observations)
+        self._set_eval_mode(False)
+        try:
+            actions = self._act(self.obs_normalizer_(obs), deterministic).float().cpu().numpy()
+        finally:
+            self._set_eval_mode(True)
+        if self.spec_.get("discrete_actions") is not None:
+            actions = actions.reshape(len(actions), -1)[:, 0].astype(np.int64)
+        return actions[0] if single else actions
+
+    def sample_action(self, observations: Any) -> np.ndarray:
+        """Actions sampled from the (stochastic) policy."""
+        return self.predict(observations, deterministic=False)
+
+    @torch.no_grad()
+    def predict_value(self, observations: Any, actions: Any) -> np.ndarray:
+        """Q(s, a) from the algorithm's critic (minimum over the ensemble where there is one)."""
+        obs, single = self._as_obs_tensor(observations)
+        act = torch.as_tensor(np.asarray(actions, np.float32), device=self.device_).reshape(len(obs), -1)
+        value = self._value(self.obs_normalizer_(obs), act).float().cpu().numpy()
+        return value[0] if single else value
+
+    def evaluate(self, env: Any, n_episodes: int = 10, seed: int = 0) -> dict[str, Any]:
+        """Roll the deterministic policy out in `env` (an env, a gymnasium id, or a vector env)."""
+        from offrl.evaluation import evaluate_policy
+
+        self._check_fitted()
+        return evaluate_policy(self.predict, env, n_episodes=n_episodes, seed=seed, reference=self.spec_)
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write config (JSON) and tensors to `path`; read back with `offrl.load(path)`."""
+        from offrl.serialization import save_model
+
+        self._check_fitted()
+        save_model(self, path)
+
+    def export_policy(self, path: str | os.PathLike) -> None:
+        """Write a TorchScript module mapping raw observations to deterministic actions (no offrl needed)."""
+        import copy
+
+        self._check_fitted()
+        module = copy.deepcopy(_ExportedPolicy(self.obs_normalizer_, self._export_actor())).to("cpu").eval()
+        module.requires_grad_(False)
+        example = torch.zeros(1, self.spec_["observation_dim"])
+        with torch.no_grad():
+            scripted = torch.jit.trace(module, example, check_trace=False)
+        with atomic_write_path(path) as tmp:
+            scripted.save(tmp)
+
+
+class _DeterministicActor(nn.Module):
+    def __init__(self, policy: nn.Module) -> None:
+        super().__init__()
+        self.policy = policy
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.policy(obs, deterministic=True, with_log_prob=False)[0]
+
+
+def _is_stateful_optimizer(value: Any) -> bool:
+    return isinstance(value, torch.optim.Optimizer) or isinstance(value, torch.optim.lr_scheduler.LRScheduler)
+
+
+class _CSVLog:
+    """Append-only CSV with a fixed header; on resume, rows after the checkpoint step are dropped."""
+
+    def __init__(self, path: Path, keep_until: int | None) -> None:
+        self.path = path
+        self.fields: list[str] | None = None
+        if keep_until is not None and path.exists():
+            with open(path, newline="") as f:
+                rows = [r for r in csv.DictReader(f) if int(float(r["step"])) <= keep_until]
+            with atomic_write_path(path) as tmp, open(tmp, "w", newline="") as f:
+                if rows:
+                    writer = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
+                    writer.writeheader()
+                    writer.writerows(rows)
+            self.fields = list(rows[0].keys()) if rows else None
+        elif path.exists():
+            path.unlink()
+
+    def write(self, row: Mapping[str, Any]) -> None:
+        new = self.fields is None
+        if new:
+            self.fields = list(row.keys())
+        with open(self.path, "a", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=self.fields, extrasaction="ignore")
+            if new:
+                writer.writeheader()
+            writer.writerow(row)
+
+
+class OfflineAlgorithm(BaseEstimator):
+    """Base of every offline algorithm: `fit(dataset, n_steps)` and the shared training loop."""
+
+    log_every: int = 100
+    supports_discrete_actions: bool = False
+
+    # ------------------------------------------------------------------ hooks
+    def _update(self, batch: Batch, step: int) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def _transform_rewards(self, dataset: Dataset) -> np.ndarray:
+        """Rewards as the algorithm trains on them (paper-specific scaling); identity by default."""
+        scale = getattr(self, "reward_scale", 1.0)
+        bias = getattr(self, "reward_bias", 0.0)
+        return dataset.rewards * np.float32(scale) + np.float32(bias)
+
+    def _extra_columns(self, dataset: Dataset) -> dict[str, np.ndarray]:
+        """Per-transition columns beyond the Dataset's (e.g. Monte-Carlo returns); none by default."""
+        return {}
+
+    def _training_columns(self, dataset: Dataset) -> dict[str, torch.Tensor]:
+        device = self.device_
+        normalizer = self.obs_normalizer_
+        columns = {
+            "observations": normalizer(torch.from_numpy(dataset.observations).to(device)),
+            "next_observations": normalizer(torch.from_numpy(dataset.next_observations).to(device)),
+            "actions": torch.from_numpy(dataset.actions).to(device),
+            "rewards": torch.from_numpy(np.ascontiguousarray(self._transform_rewards(dataset), np.float32)).to(device),
+            "terminals": torch.from_numpy(dataset.terminals).to(device),
+            "timeouts": torch.from_numpy(dataset.timeouts).to(device),
+        }
+        if dataset.behavior_log_probs is not None:
+            columns["behavior_log_probs"] = torch.from_numpy(dataset.behavior_log_probs).to(device)
+        for key, value in self._extra_columns(dataset).items():
+            columns[key] = torch.from_numpy(np.ascontiguousarray(value, np.float32)).to(device)
+        return columns
+
+    # ------------------------------------------------------------------ fit
+    def fit(
+        self,
+        dataset: Dataset | str,
+        n_steps: int | None = None,
+        *,
+        eval_env: Any = None,
+        eval_every: int | None = None,
+        eval_episodes: int = 10,
+        callbacks: Iterable[Callable[[Any, int, dict[str, float]], Any]] = (),
+        log_dir: str | os.PathLike | None = None,
+        checkpoint_every: int | None = None,
+        resume: bool = False,
+        progress: bool = True,
+    ) -> "OfflineAlgorithm":
+        """Train for `n_steps` gradient steps (default: the `n_steps` hyper-parameter) and return self.
+
+        Losses are logged every `log_every` steps (progress bar, `log_dir`/train.csv,
+        TensorBoard when installed); `eval_env` is evaluated every `eval_every`
+        steps (`log_dir`/eval.csv).  With `checkpoint_every` a checkpoint is
+        written atomically to `log_dir`/checkpoint.pt, and `resume=True`
+        continues from it to the same result as an uninterrupted run.  A NaN
+        or inf loss raises `TrainingDivergedError` naming the loss and step.
+        Callbacks are called as `callback(algo, step, metrics)` at each log step;
+        returning `False` stops training.
+        """
+        from tqdm.auto import tqdm
+
+        from offrl.datasets import load as load_dataset
+
+        if isinstance(dataset, (str, os.PathLike)):
+            dataset = load_dataset(dataset)
+        if not isinstance(dataset, Dataset):
+            raise TypeError(f"dataset must be an offrl Dataset or a load spec, got {type(dataset).__name__}")
+        n_steps = int(self.n_steps if n_steps is None else n_steps)
+        if n_steps < 0:
+            raise ValueError(f"n_steps must be non-negative, got {n_steps}")
+        if (checkpoint_every or resume) and log_dir is None:
+            raise ValueError("checkpoint_every and resume need a log_dir to keep the checkpoint in")
+        log_path = None if log_dir is None else Path(log_dir)
+        if log_path is not None:
+            log_path.mkdir(parents=True, exist_ok=True)
+        checkpoint_path = None if log_path is None else log_path / "checkpoint.pt"
+        device = self.device_
+        if dataset.discrete_actions is not None and not self.supports_discrete_actions:
+            raise ValueError(
+                f"{type(self).__name__} needs continuous actions but the dataset has a discrete action space "
+                f"({dataset.discrete_actions} actions); use a discrete-action method such as BC"
+            )
+
+        generator = torch.Generator(device=device)
+        start = 0
+        if resume and checkpoint_path is not None and checkpoint_path.exists():
+            start = self._load_checkpoint(checkpoint_path, generator)
+            if (self.spec_["observation_dim"], self.spec_["action_dim"]) != (dataset.observation_dim, dataset.action_dim):
+                raise ValueError(
+                    f"checkpoint {checkpoint_path} was trained on observation/action dims "
+                    f"{(self.spec_['observation_dim'], self.spec_['action_dim'])} but the dataset has "
+                    f"{(dataset.observation_dim, dataset.action_dim)}; resume on the same dataset or use a new log_dir"
+                )
+        else:
+            seed = _seed_from(getattr(self, "random_state", None))
+            torch.manual_seed(seed)
+            generator.manual_seed(seed)
+            self._build_all(self._make_spec(dataset))
+            self.n_steps_done_ = 0
+            self.history_ = []
+        columns = self._training_columns(dataset)
+        n = dataset.n_transitions
+        batch_size = int(getattr(self, "batch_size", 256))
+
+        train_log = eval_log = None
+        writer = None
+        if log_path is not None:
+            keep = start if resume else None
+            train_log = _CSVLog(log_path / "train.csv", keep)
+            eval_log = _CSVLog(log_path / "eval.csv", keep)
+            writer = _tensorboard_writer(log_path)
+        eval_every = eval_every or max(n_steps // 10, 1)
+        callbacks = list(callbacks)
+        bar = tqdm(total=n_steps, initial=start, desc=type(self).__name__, disable=not progress, dynamic_ncols=True)
+        self._set_eval_mode(True)
+        latest: dict[str, torch.Tensor] = {}
+        try:
+            for step in range(start, n_steps):
+                index = torch.randint(n, (batch_size,), generator=generator, device=device)
+                latest = self._update(Dataset.gather(index, columns), step)
+                done = step + 1
+                self.n_steps_done_ = done
+                bar.update(1)
+                is_log = done % self.log_every == 0 or done == n_steps
+                is_checkpoint = checkpoint_path is not None and checkpoint_every and (done % checkpoint_every == 0 or done == n_steps)
+                if is_log or is_checkpoint:
+                    values = self._finite_metrics(latest, done, checkpoint_path)
+                    if is_log:
+                        bar.set_postfix({k: f"{v:.3g}" for k, v in list(values.items())[:4]}, refresh=False)
+                        if train_log is not None:
+                            train_log.write({"step": done, **values})
+                        if writer is not None:
+                            for key, value in values.items():
+                                writer.add_scalar(f"train/{key}", value, done)
+                        if any(cb(self, done, values) is False for cb in callbacks):
+                            break
+                if eval_env is not None and (done % eval_every == 0 or done == n_steps):
+                    result = self.evaluate(eval_env, n_episodes=eval_episodes, seed=0)
+                    row = {"step": done, "return_mean": result["return_mean"], "return_std": result["return_std"],
+                           "normalized_score_mean": result.get("normalized_score_mean", float("nan")),
+                           "normalized_score_std": result.get("normalized_score_std", float("nan"))}
+                    self.history_.append(row)
+                    bar.write(f"step {done}: return {row['return_mean']:.2f} ± {row['return_std']:.2f}"
+                              + (f", normalised score {row['normalized_score_mean']:.1f}" if math.isfinite(row["normalized_score_mean"]) else ""))
+                    if eval_log is not None:
+                        eval_log.write(row)
+                    if writer is not None:
+                        writer.add_scalar("eval/return_mean", row["return_mean"], done)
+                        if math.isfinite(row["normalized_score_mean"]):
+                            writer.add_scalar("eval/normalized_score", row["normalized_score_mean"], done)
+                if is_checkpoint:
+                    self._save_checkpoint(checkpoint_path, generator)
+        finally:
+            bar.close()
+            if writer is not None:
+                writer.close()
+        self.last_metrics_ = {k: float(v) for k, v in latest.items()}
+        return self
+
+    def _finite_metrics(self, metrics: Mapping[str, torch.Tensor], step: int, checkpoint_path: Path | None) -> dict[str, float]:
+        values = {k: float(v) for k, v in metrics.items()}
+        for key, value in values.items():
+            if not math.isfinite(value):
+                where = (f"; the last good checkpoint is {checkpoint_path}" if checkpoint_path is not None and checkpoint_path.exists()
+                         else "")
+                raise TrainingDivergedError(
+                    f"{type(self).__name__}: loss {key!r} became {value} at step {step}{where}. "
+                    "Lower the learning rate, check the rewards' scale, or enable observation normalisation"
+                )
+        return values
+
+    # ------------------------------------------------------------------ checkpoints
+    def _save_checkpoint(self, path: Path, generator: torch.Generator) -> None:
+        from offrl.serialization import model_payload
+
+        payload = model_payload(self, include_optimizers=True)
+        payload["checkpoint"] = {
+            "step": self.n_steps_done_,
+            "torch_rng": torch.get_rng_state(),
+            "generator": generator.get_state(),
+            "history": [dict(r) for r in self.history_],
+        }
+        if torch.cuda.is_available():
+            payload["checkpoint"]["cuda_rng"] = torch.cuda.get_rng_state_all()
+        with atomic_write_path(path) as tmp:
+            torch.save(payload, tmp)
+
+    def _load_checkpoint(self, path: Path, generator: torch.Generator) -> int:
+        import json
+
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+        if payload.get("class", "").split(":")[-1] != type(self).__qualname__:
+            raise ValueError(f"checkpoint {path} belongs to {payload.get('class')}, not {type(self).__name__}")
+        self._restore(json.loads(payload["spec"]), payload["state"], json.loads(payload["attributes"]))
+        ckpt = payload["checkpoint"]
+        torch.set_rng_state(ckpt["torch_rng"])
+        generator.set_state(ckpt["generator"])
+        if "cuda_rng" in ckpt and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(ckpt["cuda_rng"])
+        self.history_ = list(ckpt["history"])
+        self.n_steps_done_ = int(ckpt["step"])
+        return self.n_steps_done_
+
+
+def _seed_from(random_state: Any) -> int:
+    if random_state is None:
+        return int(np.random.SeedSequence().generate_state(1)[0])
+    if isinstance(random_state, np.random.RandomState):
+        return int(random_state.randint(0, 2**31 - 1))
+    if isinstance(random_state, np.random.Generator):
+        return int(random_state.integers(0, 2**31 - 1))
+    return int(random_state)
+
+
+def _tensorboard_writer(log_path: Path) -> Any:
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except Exception:  # tensorboard not installed
+        return None
+    return SummaryWriter(str(log_path / "tensorboard"))

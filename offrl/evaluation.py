@@ -1,0 +1,114 @@
+"""Policy roll-outs in gymnasium environments (single or vector), shared by every estimator."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+__all__ = ["evaluate_policy", "make_env"]
+
+
+def make_env(env: Any) -> Any:
+    """An env instance from an env or a gymnasium id."""
+    if isinstance(env, str):
+        import gymnasium as gym
+
+        try:
+            return gym.make(env)
+        except Exception as err:
+            raise ValueError(f"cannot make gymnasium env {env!r} ({err}); pass a registered id or an env instance") from err
+    return env
+
+
+def evaluate_policy(
+    policy: Callable[[np.ndarray], np.ndarray],
+    env: Any,
+    n_episodes: int = 10,
+    seed: int = 0,
+    reference: Mapping[str, Any] | None = None,
+    gamma: float | None = None,
+    max_steps: int | None = None,
+) -> dict[str, Any]:
+    """Run `policy` (batch of observations -> batch of actions) for `n_episodes` episodes.
+
+    Episode i of a single env is reset with seed `seed + i`.  A gymnasium
+    vector env is reset once with `seed` and each sub-env contributes its
+    first episodes, so short episodes are not favoured.  Returns mean/std
+    return (and normalised score when `reference` has ref_min/max_score, and
+    the discounted return when `gamma` is given).
+    """
+    import gymnasium as gym
+
+    if n_episodes < 1:
+        raise ValueError(f"n_episodes must be at least 1, got {n_episodes}")
+    env = make_env(env)
+    if isinstance(env, gym.vector.VectorEnv):
+        if max_steps is not None:
+            raise ValueError("max_steps is not supported for vector envs; wrap each env in a TimeLimit instead")
+        returns, discounted, lengths = _rollout_vector(policy, env, n_episodes, seed, gamma)
+    else:
+        returns, discounted, lengths = [], [], []
+        for i in range(n_episodes):
+            obs, _ = env.reset(seed=seed + i)
+            total, disc, t, done = 0.0, 0.0, 0, False
+            while not done:
+                action = policy(np.asarray(obs, np.float32)[None])[0]
+                obs, reward, terminated, truncated, _ = env.step(action)
+                total += float(reward)
+                disc += (gamma ** t if gamma is not None else 0.0) * float(reward)
+                t += 1
+                done = terminated or truncated or (max_steps is not None and t >= max_steps)
+            returns.append(total)
+            discounted.append(disc)
+            lengths.append(t)
+    returns_arr = np.asarray(returns, np.float64)
+    result: dict[str, Any] = {
+        "return_mean": float(returns_arr.mean()),
+        "return_std": float(returns_arr.std()),
+        "length_mean": float(np.mean(lengths)),
+        "n_episodes": len(returns),
+        "returns": returns_arr.tolist(),
+    }
+    if gamma is not None:
+        result["discounted_return_mean"] = float(np.mean(discounted))
+        result["discounted_return_std"] = float(np.std(discounted))
+        result["discounted_returns"] = list(map(float, discounted))
+    if reference is not None and reference.get("ref_min_score") is not None and reference.get("ref_max_score") is not None:
+        low, high = float(reference["ref_min_score"]), float(reference["ref_max_score"])
+        scores = 100.0 * (returns_arr - low) / (high - low)
+        result["normalized_score_mean"] = float(scores.mean())
+        result["normalized_score_std"] = float(scores.std())
+    return result
+
+
+def _rollout_vector(policy: Callable, env: Any, n_episodes: int, seed: int, gamma: float | None) -> tuple[list, list, list]:
+    import gymnasium as gym
+
+    n_envs = env.num_envs
+    quota = math.ceil(n_episodes / n_envs)
+    per_env: list[list[tuple[float, float, int]]] = [[] for _ in range(n_envs)]
+    next_step_reset = env.metadata.get("autoreset_mode", gym.vector.AutoresetMode.NEXT_STEP) == gym.vector.AutoresetMode.NEXT_STEP
+    obs, _ = env.reset(seed=seed)
+    total = np.zeros(n_envs)
+    disc = np.zeros(n_envs)
+    steps = np.zeros(n_envs, dtype=np.int64)
+    resetting = np.zeros(n_envs, dtype=bool)
+    while min(len(p) for p in per_env) < quota:
+        actions = policy(np.asarray(obs, np.float32))
+        obs, reward, terminated, truncated, _ = env.step(actions)
+        active = ~resetting
+        total[active] += reward[active]
+        if gamma is not None:
+            disc[active] += (gamma ** steps[active]) * reward[active]
+        steps[active] += 1
+        done = (terminated | truncated) & active
+        for i in np.flatnonzero(done):
+            if len(per_env[i]) < quota:
+                per_env[i].append((float(total[i]), float(disc[i]), int(steps[i])))
+            total[i] = disc[i] = 0.0
+            steps[i] = 0
+        resetting = done if next_step_reset else np.zeros(n_envs, dtype=bool)
+    episodes = [ep for i in range(quota) for p in per_env for ep in p[i:i + 1]][:n_episodes]
+    return [e[0] for e in episodes], [e[1] for e in episodes], [e[2] for e in episodes]

@@ -1,0 +1,294 @@
+"""Networks shared by every algorithm: MLPs, batched ensembles and policies.
+
+Ensembles (twin or N critics) are one module whose weights carry a leading
+member dimension and run as one `torch.baddbmm`, never a Python list of
+networks, so evaluating N critics costs one kernel call per layer.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+__all__ = [
+    "MLP",
+    "EnsembleLinear",
+    "EnsembleMLP",
+    "QEnsemble",
+    "ValueNetwork",
+    "TanhGaussianPolicy",
+    "GaussianPolicy",
+    "DeterministicPolicy",
+    "ACTIVATIONS",
+    "soft_update_",
+]
+
+ACTIVATIONS = {"relu": nn.ReLU, "mish": nn.Mish, "tanh": nn.Tanh, "gelu": nn.GELU, "silu": nn.SiLU}
+
+
+def _activation(name: str) -> type[nn.Module]:
+    if name not in ACTIVATIONS:
+        raise ValueError(f"activation {name!r} is unknown; choose one of {sorted(ACTIVATIONS)}")
+    return ACTIVATIONS[name]
+
+
+class MLP(nn.Sequential):
+    """Linear -> [LayerNorm] -> act -> [Dropout] ... -> Linear."""
+
+    def __init__(
+        self,
+        in_dim: int,
+        out_dim: int,
+        hidden_dims: Sequence[int] = (256, 256),
+        activation: str = "relu",
+        layer_norm: bool = False,
+        dropout: float = 0.0,
+    ) -> None:
+        layers: list[nn.Module] = []
+        last = in_dim
+        for width in hidden_dims:
+            layers.append(nn.Linear(last, width))
+            if layer_norm:
+                layers.append(nn.LayerNorm(width))
+            layers.append(_activation(activation)())
+            if dropout > 0:
+                layers.append(nn.Dropout(dropout))
+            last = width
+        layers.append(nn.Linear(last, out_dim))
+        super().__init__(*layers)
+
+
+class EnsembleLinear(nn.Module):
+    """`n_members` independent linear layers applied as one batched matmul.
+
+    Input (n_members, batch, in_dim) -> output (n_members, batch, out_dim).
+    Initialised like `nn.Linear` member by member.
+    """
+
+    def __init__(self, n_members: int, in_dim: int, out_dim: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(n_members, in_dim, out_dim))
+        self.bias = nn.Parameter(torch.empty(n_members, 1, out_dim))
+        bound = 1.0 / math.sqrt(in_dim)
+        # kaiming_uniform(a=sqrt(5)) on (out, in) equals U(-1/sqrt(in), 1/sqrt(in)).
+        nn.init.uniform_(self.weight, -bound, bound)
+        nn.init.uniform_(self.bias, -bound, bound)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.baddbmm(self.bias, x, self.weight)
+
+
+class _EnsembleLayerNorm(nn.Module):
+    def __init__(self, n_members: int, width: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(n_members, 1, width))
+        self.bias = nn.Parameter(torch.zeros(n_members, 1, width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, x.shape[-1:]) * self.weight + self.bias
+
+
+class EnsembleMLP(nn.Module):
+    """An ensemble of MLPs; input (batch, in) or (n_members, batch, in) -> (n_members, batch, out)."""
+
+    def __init__(
+        self,
+        n_members: int,
+        in_dim: int,
+        out_dim: int,
+        hidden_dims: Sequence[int] = (256, 256),
+        activation: str = "relu",
+        layer_norm: bool = False,
+    ) -> None:
+        super().__init__()
+        self.n_members = n_members
+        layers: list[nn.Module] = []
+        last = in_dim
+        for width in hidden_dims:
+            layers.append(EnsembleLinear(n_members, last, width))
+            if layer_norm:
+                layers.append(_EnsembleLayerNorm(n_members, width))
+            layers.append(_activation(activation)())
+            last = width
+        layers.append(EnsembleLinear(n_members, last, out_dim))
+        self.layers = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 2:
+            x = x.unsqueeze(0).expand(self.n_members, -1, -1)
+        return self.layers(x)
+
+
+class QEnsemble(nn.Module):
+    """N state-action critics in one module: Q(s, a) -> (n_critics, batch).
+
+    `obs` and `actions` may carry any matching leading shape (e.g.
+    (n_samples, batch, dim) for CQL's sampled actions); the result has
+    shape (n_critics, *leading).
+    """
+
+    def __init__(
+        self,
+        observation_dim: int,
+        action_dim: int,
+        n_critics: int = 2,
+        hidden_dims: Sequence[int] = (256, 256),
+        activation: str = "relu",
+        layer_norm: bool = False,
+    ) -> None:
+        super().__init__()
+        self.n_critics = n_critics
+        self.net = EnsembleMLP(n_critics, observation_dim + action_dim, 1, hidden_dims, activation, layer_norm)
+
+    def forward(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        lead = obs.shape[:-1]
+        x = torch.cat([obs, actions], dim=-1).reshape(-1, obs.shape[-1] + actions.shape[-1])
+        return self.net(x).reshape(self.n_critics, *lead)
+
+
+class ValueNetwork(nn.Module):
+    """V(s) -> (batch,)."""
+
+    def __init__(self, observation_dim: int, hidden_dims: Sequence[int] = (256, 256), activation: str = "relu",
+                 layer_norm: bool = False, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.net = MLP(observation_dim, 1, hidden_dims, activation, layer_norm, dropout)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.net(obs).squeeze(-1)
+
+
+class _ScaledPolicy(nn.Module):
+    """Holds the affine map from the network's [-1, 1] actions to the env's bounds."""
+
+    def __init__(self, action_low: torch.Tensor | None, action_high: torch.Tensor | None, action_dim: int) -> None:
+        super().__init__()
+        low = -torch.ones(action_dim) if action_low is None else torch.as_tensor(action_low, dtype=torch.float32)
+        high = torch.ones(action_dim) if action_high is None else torch.as_tensor(action_high, dtype=torch.float32)
+        self.register_buffer("action_scale", (high - low) / 2)
+        self.register_buffer("action_bias", (high + low) / 2)
+
+    def to_env(self, unit_action: torch.Tensor) -> torch.Tensor:
+        return unit_action * self.action_scale + self.action_bias
+
+    def to_unit(self, action: torch.Tensor) -> torch.Tensor:
+        return (action - self.action_bias) / self.action_scale
+
+
+class TanhGaussianPolicy(_ScaledPolicy):
+    """SAC's policy: a = scale * tanh(u) + bias, u ~ N(mu(s), sigma(s)).
+
+    Log-probabilities are of the action in env units (change of variables
+    through tanh and the affine scale), so they are what a dataset records.
+    """
+
+    def __init__(
+        self,
+        observation_dim: int,
+        action_dim: int,
+        hidden_dims: Sequence[int] = (256, 256),
+        action_low: torch.Tensor | None = None,
+        action_high: torch.Tensor | None = None,
+        log_std_min: float = -20.0,
+        log_std_max: float = 2.0,
+        activation: str = "relu",
+    ) -> None:
+        super().__init__(action_low, action_high, action_dim)
+        self.log_std_min, self.log_std_max = log_std_min, log_std_max
+        self.net = MLP(observation_dim, 2 * action_dim, hidden_dims, activation)
+
+    def distribution_params(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        mean, log_std = self.net(obs).chunk(2, dim=-1)
+        return mean, log_std.clamp(self.log_std_min, self.log_std_max)
+
+    def _squashed_log_prob(self, u: torch.Tensor, mean: torch.Tensor, log_std: torch.Tensor) -> torch.Tensor:
+        normal = -0.5 * ((u - mean) / log_std.exp()) ** 2 - log_std - 0.5 * math.log(2 * math.pi)
+        # log(1 - tanh(u)^2) computed stably as 2 * (log 2 - u - softplus(-2u)).
+        log_det = 2.0 * (math.log(2.0) - u - F.softplus(-2.0 * u))
+        return (normal - log_det - torch.log(self.action_scale)).sum(-1)
+
+    def forward(self, obs: torch.Tensor, deterministic: bool = False, with_log_prob: bool = True
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Reparameterised sample (or the mean action) and its log-probability."""
+        mean, log_std = self.distribution_params(obs)
+        u = mean if deterministic else mean + log_std.exp() * torch.randn_like(mean)
+        action = self.to_env(torch.tanh(u))
+        return action, (self._squashed_log_prob(u, mean, log_std) if with_log_prob else None)
+
+    def log_prob(self, obs: torch.Tensor, actions: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+        """log pi(a | s) of given env-unit actions."""
+        mean, log_std = self.distribution_params(obs)
+        unit = self.to_unit(actions).clamp(-1 + eps, 1 - eps)
+        return self._squashed_log_prob(torch.atanh(unit), mean, log_std)
+
+
+class GaussianPolicy(_ScaledPolicy):
+    """IQL's policy: N(tanh(mu(s)), exp(log_std)) in unit action space, state-independent log-std."""
+
+    def __init__(
+        self,
+        observation_dim: int,
+        action_dim: int,
+        hidden_dims: Sequence[int] = (256, 256),
+        action_low: torch.Tensor | None = None,
+        action_high: torch.Tensor | None = None,
+        log_std_min: float = -5.0,
+        log_std_max: float = 2.0,
+        dropout: float = 0.0,
+        activation: str = "relu",
+    ) -> None:
+        super().__init__(action_low, action_high, action_dim)
+        self.log_std_min, self.log_std_max = log_std_min, log_std_max
+        self.net = MLP(observation_dim, action_dim, hidden_dims, activation, dropout=dropout)
+        self.log_std = nn.Parameter(torch.zeros(action_dim))
+
+    def distribution_params(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        mean = torch.tanh(self.net(obs))
+        return mean, self.log_std.clamp(self.log_std_min, self.log_std_max).expand_as(mean)
+
+    def log_prob(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        mean, log_std = self.distribution_params(obs)
+        unit = self.to_unit(actions)
+        normal = -0.5 * ((unit - mean) / log_std.exp()) ** 2 - log_std - 0.5 * math.log(2 * math.pi)
+        return (normal - torch.log(self.action_scale)).sum(-1)
+
+    def forward(self, obs: torch.Tensor, deterministic: bool = False, with_log_prob: bool = True
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        mean, log_std = self.distribution_params(obs)
+        unit = mean if deterministic else mean + log_std.exp() * torch.randn_like(mean)
+        action = self.to_env(unit.clamp(-1.0, 1.0))
+        if not with_log_prob:
+            return action, None
+        normal = -0.5 * ((unit - mean) / log_std.exp()) ** 2 - log_std - 0.5 * math.log(2 * math.pi)
+        return action, (normal - torch.log(self.action_scale)).sum(-1)
+
+
+class DeterministicPolicy(_ScaledPolicy):
+    """TD3's actor: a = scale * tanh(f(s)) + bias."""
+
+    def __init__(
+        self,
+        observation_dim: int,
+        action_dim: int,
+        hidden_dims: Sequence[int] = (256, 256),
+        action_low: torch.Tensor | None = None,
+        action_high: torch.Tensor | None = None,
+        activation: str = "relu",
+    ) -> None:
+        super().__init__(action_low, action_high, action_dim)
+        self.net = MLP(observation_dim, action_dim, hidden_dims, activation)
+
+    def forward(self, obs: torch.Tensor, deterministic: bool = True, with_log_prob: bool = False
+                ) -> tuple[torch.Tensor, None]:
+        return self.to_env(torch.tanh(self.net(obs))), None
+
+
+@torch.no_grad()
+def soft_update_(target: nn.Module, source: nn.Module, tau: float) -> None:
+    """Polyak averaging target <- (1 - tau) * target + tau * source, as one foreach kernel."""
+    target_params = list(target.parameters())
+    torch._foreach_lerp_(target_params, list(source.parameters()), tau)
