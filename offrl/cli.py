@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Sequence
 
@@ -40,6 +41,36 @@ def _datasets_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sweep(args: argparse.Namespace) -> int:
+    from offrl.report import score_table, write_report
+    from offrl.sweep import load_config, run_sweep
+
+    config = load_config(args.config)
+    out = args.out or config.out or f"offrl-results/{config.name}"
+    results = run_sweep(config, backend=args.backend, workers=args.workers, address=args.address, out=out,
+                        progress=not args.no_progress)
+    paths = write_report(out, title=config.name)
+    table = score_table(results) if len(results) else None
+    if table is not None and not table.empty:
+        print(table.to_string())
+    n_failed = int((results["status"] == "failed").sum()) if len(results) else 0
+    print(f"{len(results)} runs ({n_failed} failed); results in {paths['results']}, report in {paths['html']}")
+    return 1 if n_failed else 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from offrl.report import results_frame, score_table, write_report
+
+    if not os.path.isdir(args.dir):
+        raise FileNotFoundError(f"{args.dir} is not a directory; pass a sweep output directory")
+    paths = write_report(args.dir, title=args.title)
+    table = score_table(results_frame(args.dir))
+    if not table.empty:
+        print(table.to_string())
+    print(f"wrote {paths['results']}, {paths['table']}, {paths['iqm']} and {paths['html']}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from offrl import __version__
 
@@ -53,6 +84,20 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("spec", help="d4rl:<name>, minari:<id>, offrl:<name>, or a .hdf5/.npz path")
     info.add_argument("--download", action="store_true", help="download a missing D4RL file")
     info.set_defaults(func=_datasets_info)
+
+    sweep = commands.add_parser("sweep", help="run a benchmark sweep from a YAML config")
+    sweep.add_argument("config", help="sweep YAML (see experiments/)")
+    sweep.add_argument("--backend", choices=("local", "ray"), default="local")
+    sweep.add_argument("--workers", type=int, default=None, help="parallel runs (default: CPU count)")
+    sweep.add_argument("--address", default=None, help="Ray cluster address (ray backend; default: start a local one)")
+    sweep.add_argument("--out", default=None, help="output directory (default: offrl-results/<name>)")
+    sweep.add_argument("--no-progress", action="store_true")
+    sweep.set_defaults(func=_sweep)
+
+    report = commands.add_parser("report", help="aggregate a sweep directory into tables and report.html")
+    report.add_argument("dir")
+    report.add_argument("--title", default=None)
+    report.set_defaults(func=_report)
     return parser
 
 
@@ -61,7 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError) as err:
+    except (ValueError, OSError) as err:  # OSError: missing file, unreadable or corrupt HDF5, ...
         print(f"offrl: error: {err}", file=sys.stderr)
         return 2
 

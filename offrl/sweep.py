@@ -1,0 +1,624 @@
+"""Benchmark sweeps: datasets x algorithms x hyper-parameter grid x seeds.
+
+A YAML config is validated as a whole before any run starts (errors name the
+file, line and key).  Each run owns a directory holding its resolved config and
+hash, training/eval CSVs, a checkpoint, the model and `result.json`; a run
+whose `result.json` matches its config hash is skipped, so a stopped sweep
+resumes where it left off.  Runs execute in a local process pool or as Ray
+tasks, with the same outputs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+
+from offrl.datasets.core import atomic_write_path
+
+__all__ = ["ConfigError", "SweepConfig", "load_config", "parse_config", "expand_runs", "run_sweep", "execute_run"]
+
+_TOP_KEYS = {"name", "datasets", "algorithms", "seeds", "steps", "eval", "ope", "checkpoint_every", "device",
+             "threads_per_run", "out", "log_every"}
+_EVAL_KEYS = {"every", "episodes", "env"}
+_OPE_KEYS = {"estimators", "gamma", "rollouts"}
+_DATASET_KEYS = {"spec", "eval_env", "build", "label"}
+
+
+class ConfigError(ValueError):
+    """A sweep config problem, located by file, line and key path."""
+
+    def __init__(self, source: str, line: int | None, key: str, message: str) -> None:
+        where = f"{source}:{line + 1}" if line is not None else source
+        super().__init__(f"{where}: {key or '<top>'}: {message}")
+        self.source, self.line, self.key = source, line, key
+
+
+def _node_lines(node: Any, prefix: str = "", lines: dict[str, int] | None = None) -> dict[str, int]:
+    """Map dotted key paths ('algorithms.IQL.expectile', 'datasets.0') to 0-based YAML line numbers."""
+    import yaml
+
+    lines = {} if lines is None else lines
+    lines.setdefault(prefix, node.start_mark.line)
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            path = f"{prefix}.{key_node.value}" if prefix else str(key_node.value)
+            lines[path] = key_node.start_mark.line
+            _node_lines(value_node, path, lines)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            path = f"{prefix}.{i}" if prefix else str(i)
+            lines[path] = item.start_mark.line
+            _node_lines(item, path, lines)
+    return lines
+
+
+@dataclass
+class SweepConfig:
+    """A validated sweep: what to run, and where each key came from."""
+
+    name: str
+    datasets: list[dict[str, Any]]
+    algorithms: dict[str, dict[str, Any]]  # label -> {"algorithm": name, "grid": {param: [values]}}
+    seeds: list[int]
+    steps: int
+    eval: dict[str, Any]
+    ope: dict[str, Any] | None
+    checkpoint_every: int | None = None
+    device: str = "cpu"
+    threads_per_run: int = 1
+    log_every: int = 100
+    out: str | None = None
+    source: str = "<config>"
+    raw: dict[str, Any] = field(default_factory=dict)
+
+
+def load_config(path: str | os.PathLike, check_datasets: bool = True) -> SweepConfig:
+    """Read and validate a sweep YAML file."""
+    import yaml
+
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"sweep config {path} does not exist")
+    text = path.read_text()
+    try:
+        node = yaml.compose(text)
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        raise ConfigError(str(path), None if mark is None else mark.line, "", f"invalid YAML ({err})") from err
+    lines = _node_lines(node) if node is not None else {}
+    return parse_config(raw, source=str(path), lines=lines, check_datasets=check_datasets, default_name=path.stem)
+
+
+def parse_config(
+    raw: Any,
+    source: str = "<config>",
+    lines: Mapping[str, int] | None = None,
+    check_datasets: bool = True,
+    default_name: str = "sweep",
+) -> SweepConfig:
+    """Validate a config mapping (as loaded from YAML); every problem is a ConfigError."""
+    lines = lines or {}
+
+    def fail(key: str, message: str) -> ConfigError:
+        line = lines.get(key)
+        parts = key.split(".")
+        while line is None and parts:
+            parts = parts[:-1]
+            line = lines.get(".".join(parts))
+        return ConfigError(source, line, key, message)
+
+    if not isinstance(raw, dict):
+        raise fail("", "the config must be a mapping with datasets, algorithms, seeds and steps")
+    unknown = set(raw) - _TOP_KEYS
+    if unknown:
+        key = sorted(unknown)[0]
+        raise fail(key, f"unknown key {key!r}; allowed keys are {sorted(_TOP_KEYS)}")
+    for key in ("datasets", "algorithms", "steps"):
+        if key not in raw:
+            raise fail("", f"missing required key {key!r}")
+
+    datasets = _parse_datasets(raw["datasets"], fail, check_datasets)
+    algorithms = _parse_algorithms(raw["algorithms"], fail)
+
+    seeds_raw = raw.get("seeds", [0])
+    if isinstance(seeds_raw, int) and not isinstance(seeds_raw, bool):
+        if seeds_raw < 1:
+            raise fail("seeds", "an integer seeds gives the number of seeds and must be at least 1")
+        seeds = list(range(seeds_raw))
+    elif isinstance(seeds_raw, list) and seeds_raw and all(isinstance(s, int) and not isinstance(s, bool) for s in seeds_raw):
+        seeds = list(seeds_raw)
+        if len(set(seeds)) != len(seeds):
+            raise fail("seeds", f"seeds repeat: {seeds}")
+    else:
+        raise fail("seeds", f"seeds must be a non-empty list of integers or a count, got {seeds_raw!r}")
+
+    steps = raw["steps"]
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+        raise fail("steps", f"steps must be a positive integer, got {steps!r}")
+
+    eval_cfg = raw.get("eval") or {}
+    if not isinstance(eval_cfg, dict):
+        raise fail("eval", "eval must be a mapping with every, episodes and env")
+    bad = set(eval_cfg) - _EVAL_KEYS
+    if bad:
+        raise fail(f"eval.{sorted(bad)[0]}", f"unknown eval key; allowed: {sorted(_EVAL_KEYS)}")
+    eval_cfg = {"every": eval_cfg.get("every", max(steps // 10, 1)), "episodes": eval_cfg.get("episodes", 10),
+                "env": eval_cfg.get("env", "auto")}
+    for key in ("every", "episodes"):
+        if not isinstance(eval_cfg[key], int) or eval_cfg[key] < 1:
+            raise fail(f"eval.{key}", f"must be a positive integer, got {eval_cfg[key]!r}")
+
+    ope = raw.get("ope")
+    if ope is not None:
+        if not isinstance(ope, dict):
+            raise fail("ope", "ope must be a mapping with estimators, gamma and rollouts")
+        bad = set(ope) - _OPE_KEYS
+        if bad:
+            raise fail(f"ope.{sorted(bad)[0]}", f"unknown ope key; allowed: {sorted(_OPE_KEYS)}")
+        ope = {"estimators": ope.get("estimators", ["FQE"]), "gamma": ope.get("gamma", 0.99), "rollouts": ope.get("rollouts", 10)}
+        if not isinstance(ope["estimators"], list) or not ope["estimators"]:
+            raise fail("ope.estimators", "estimators must be a non-empty list of estimator names")
+        if not isinstance(ope["gamma"], (int, float)) or not 0 < ope["gamma"] <= 1:
+            raise fail("ope.gamma", f"gamma must lie in (0, 1], got {ope['gamma']!r}")
+        _check_estimators(ope["estimators"], fail)
+
+    checkpoint_every = raw.get("checkpoint_every")
+    if checkpoint_every is not None and (not isinstance(checkpoint_every, int) or checkpoint_every < 1):
+        raise fail("checkpoint_every", f"checkpoint_every must be a positive integer, got {checkpoint_every!r}")
+    threads = raw.get("threads_per_run", 1)
+    if not isinstance(threads, int) or threads < 1:
+        raise fail("threads_per_run", f"threads_per_run must be a positive integer, got {threads!r}")
+    log_every = raw.get("log_every", 100)
+    if not isinstance(log_every, int) or log_every < 1:
+        raise fail("log_every", f"log_every must be a positive integer, got {log_every!r}")
+    return SweepConfig(
+        name=str(raw.get("name") or default_name),
+        datasets=datasets,
+        algorithms=algorithms,
+        seeds=seeds,
+        steps=steps,
+        eval=eval_cfg,
+        ope=ope,
+        checkpoint_every=checkpoint_every,
+        device=str(raw.get("device", "cpu")),
+        threads_per_run=threads,
+        log_every=log_every,
+        out=raw.get("out"),
+        source=source,
+        raw=raw,
+    )
+
+
+def _parse_datasets(value: Any, fail: Any, check: bool) -> list[dict[str, Any]]:
+    if not isinstance(value, list) or not value:
+        raise fail("datasets", "datasets must be a non-empty list of load specs (d4rl:, minari:, offrl:, paths)")
+    out = []
+    for i, item in enumerate(value):
+        key = f"datasets.{i}"
+        if isinstance(item, str):
+            item = {"spec": item}
+        if not isinstance(item, dict) or "spec" not in item or not isinstance(item["spec"], str):
+            raise fail(key, "each dataset is a load spec string or a mapping with a 'spec' string")
+        bad = set(item) - _DATASET_KEYS
+        if bad:
+            raise fail(f"{key}.{sorted(bad)[0]}", f"unknown dataset key; allowed: {sorted(_DATASET_KEYS)}")
+        entry = {"spec": item["spec"], "eval_env": item.get("eval_env", "auto"), "build": bool(item.get("build", True)),
+                 "label": item.get("label") or item["spec"].split(":", 1)[-1].replace("/", "_")}
+        if check:
+            problem = dataset_problem(entry["spec"], build=entry["build"])
+            if problem:
+                raise fail(key, problem)
+        out.append(entry)
+    labels = [d["label"] for d in out]
+    if len(set(labels)) != len(labels):
+        raise fail("datasets", f"dataset labels repeat: {labels}; give each a distinct 'label'")
+    return out
+
+
+def dataset_problem(spec: str, build: bool = True) -> str | None:
+    """Why `spec` cannot be loaded, or None if it can (without loading it)."""
+    from offrl.datasets import d4rl
+
+    scheme, sep, rest = spec.partition(":")
+    if sep and scheme == "d4rl":
+        try:
+            found = d4rl.find_d4rl_file(rest)
+        except ValueError as err:
+            return str(err)
+        return None if found else d4rl.missing_d4rl_message(rest)
+    if sep and scheme == "minari":
+        from minari.storage.datasets_root_dir import get_dataset_path
+
+        try:
+            path = get_dataset_path(rest)
+        except Exception as err:  # malformed id
+            return f"bad Minari dataset id {rest!r} ({err})"
+        if not (Path(path) / "data").exists():
+            return f"Minari dataset {rest!r} not found under {path}; run `minari download {rest}` or set MINARI_DATASETS_PATH"
+        return None
+    if sep and scheme == "offrl":
+        from offrl.datasets import build as builder
+
+        try:
+            if builder.is_built(rest):
+                return None
+            builder.parse_name(rest)
+        except ValueError as err:
+            return str(err)
+        return None if build else f"offrl dataset {rest!r} is not built; run `offrl datasets build {rest}` or set build: true"
+    path = Path(spec).expanduser()
+    if path.suffix not in (".hdf5", ".h5", ".npz"):
+        return f"cannot load {spec!r}: use d4rl:<name>, minari:<id>, offrl:<name>, or a .hdf5/.npz path"
+    return None if path.exists() else f"dataset file {path} does not exist"
+
+
+def _algorithm_class(name: str) -> type:
+    import offrl.algos as algos
+
+    from offrl.algos.base import OfflineAlgorithm
+
+    try:
+        cls = getattr(algos, name)
+    except (AttributeError, ImportError):
+        cls = None
+    if not (isinstance(cls, type) and issubclass(cls, OfflineAlgorithm) and cls is not OfflineAlgorithm):
+        raise KeyError(name)
+    return cls
+
+
+def available_algorithms() -> list[str]:
+    import offrl.algos as algos
+
+    names = []
+    for name in algos.__all__:
+        try:
+            _algorithm_class(name)
+        except (KeyError, ImportError):
+            continue
+        names.append(name)
+    return names
+
+
+def _parse_algorithms(value: Any, fail: Any) -> dict[str, dict[str, Any]]:
+    if not isinstance(value, dict) or not value:
+        raise fail("algorithms", "algorithms must be a mapping of algorithm name -> hyper-parameters (a list means a grid)")
+    out = {}
+    for label, params in value.items():
+        key = f"algorithms.{label}"
+        params = dict(params or {})
+        if not isinstance(params, dict):
+            raise fail(key, "hyper-parameters must be a mapping")
+        name = params.pop("algorithm", label)
+        try:
+            cls = _algorithm_class(str(name))
+        except KeyError:
+            raise fail(key, f"unknown algorithm {name!r}; available: {available_algorithms()}") from None
+        defaults = cls().get_params()
+        grid = {}
+        for param, spec in params.items():
+            pkey = f"{key}.{param}"
+            if param in ("random_state", "device"):
+                raise fail(pkey, f"{param} is set by the sweep (seeds / device), not per algorithm")
+            if param not in defaults:
+                raise fail(pkey, f"{name} has no hyper-parameter {param!r}; valid ones: {sorted(defaults)}")
+            grid[param] = _grid_values(spec, defaults[param], pkey, fail)
+        out[str(label)] = {"algorithm": str(name), "grid": grid}
+    return out
+
+
+def _grid_values(spec: Any, default: Any, key: str, fail: Any) -> list[Any]:
+    """A list is a grid, except for list-valued hyper-parameters (e.g. hidden_dims), where a list of lists is."""
+    if isinstance(spec, dict):
+        if set(spec) != {"grid"}:
+            raise fail(key, "a mapping value must be {grid: [v1, v2, ...]}")
+        spec = spec["grid"]
+        if not isinstance(spec, list):
+            raise fail(key, "grid must be a list of values")
+        values = spec
+    elif isinstance(default, (list, tuple)):
+        values = spec if (isinstance(spec, list) and spec and all(isinstance(v, list) for v in spec)) else [spec]
+    else:
+        values = spec if isinstance(spec, list) else [spec]
+    if not values:
+        raise fail(key, "a grid needs at least one value")
+    for v in values:
+        if isinstance(v, dict) or (isinstance(v, list) and not isinstance(default, (list, tuple))):
+            raise fail(key, f"malformed grid value {v!r}; use scalars, e.g. [0.7, 0.9]")
+    return [tuple(v) if isinstance(v, list) else v for v in values]
+
+
+def _check_estimators(names: list[Any], fail: Any) -> None:
+    try:
+        import offrl.ope as ope
+    except ImportError:
+        raise fail("ope", "offrl.ope is not available in this installation") from None
+    for i, name in enumerate(names):
+        if not isinstance(name, str) or not hasattr(ope, name):
+            raise fail(f"ope.estimators.{i}", f"unknown OPE estimator {name!r}")
+
+
+# ---------------------------------------------------------------------------- runs
+def _hash(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=list).encode()).hexdigest()[:12]
+
+
+def expand_runs(config: SweepConfig, out_dir: str | os.PathLike) -> list[dict[str, Any]]:
+    """The cross product of datasets x algorithms x grid points x seeds, as plain dicts."""
+    out_dir = Path(out_dir)
+    runs = []
+    for dataset in config.datasets:
+        for label, algo in config.algorithms.items():
+            names = sorted(algo["grid"])
+            for values in itertools.product(*(algo["grid"][n] for n in names)):
+                params = dict(zip(names, values))
+                variant = label if not params else f"{label}-{_hash(params)[:8]}"
+                for seed in config.seeds:
+                    resolved = {
+                        "dataset": dataset,
+                        "algorithm": algo["algorithm"],
+                        "label": label,
+                        "params": params,
+                        "seed": seed,
+                        "steps": config.steps,
+                        "eval": config.eval,
+                        "ope": config.ope,
+                        "checkpoint_every": config.checkpoint_every,
+                        "device": config.device,
+                        "log_every": config.log_every,
+                    }
+                    config_hash = _hash(resolved)
+                    run_dir = out_dir / "runs" / dataset["label"] / variant / f"seed{seed}"
+                    runs.append({**resolved, "variant": variant, "hash": config_hash, "dir": str(run_dir),
+                                 "threads": config.threads_per_run})
+    return runs
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    with atomic_write_path(path) as tmp, open(tmp, "w") as f:
+        json.dump(obj, f, indent=2, sort_keys=True, default=lambda v: v.tolist() if hasattr(v, "tolist") else str(v))
+
+
+def read_result(run_dir: str | os.PathLike) -> dict[str, Any] | None:
+    path = Path(run_dir) / "result.json"
+    if not path.exists():
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+_DATASET_CACHE: dict[str, Any] = {}
+
+
+def _load_dataset(entry: Mapping[str, Any]) -> Any:
+    from offrl.datasets import load
+
+    spec = entry["spec"]
+    if spec not in _DATASET_CACHE:
+        kwargs = {"build": True} if spec.startswith("offrl:") and entry.get("build", True) else {}
+        _DATASET_CACHE[spec] = load(spec, **kwargs)
+    return _DATASET_CACHE[spec]
+
+
+def _eval_env(entry: Mapping[str, Any], eval_cfg: Mapping[str, Any], dataset: Any) -> str | None:
+    env = entry.get("eval_env", "auto")
+    if env == "auto":
+        env = eval_cfg.get("env", "auto")
+    if env == "auto":
+        env = dataset.metadata.get("env_id")
+    return env or None
+
+
+def execute_run(run: Mapping[str, Any]) -> dict[str, Any]:
+    """Train, evaluate (and optionally OPE) one run; never raises: failures are recorded in the run dir."""
+    import torch
+
+    run_dir = Path(run["dir"])
+    run_dir.mkdir(parents=True, exist_ok=True)
+    existing = read_result(run_dir)
+    if existing is not None and existing.get("hash") == run["hash"]:
+        return {**existing, "skipped": True}
+    torch.set_num_threads(int(run.get("threads", 1)))
+    _write_json(run_dir / "config.json", {k: v for k, v in run.items() if k != "threads"})
+    started = time.time()
+    base = {"hash": run["hash"], "dataset": run["dataset"]["label"], "algorithm": run["algorithm"], "label": run["label"],
+            "variant": run["variant"], "params": run["params"], "seed": run["seed"], "steps": run["steps"], "dir": str(run_dir)}
+    try:
+        dataset = _load_dataset(run["dataset"])
+        cls = _algorithm_class(run["algorithm"])
+        algo = cls(**run["params"], random_state=run["seed"], device=run["device"])
+        algo.log_every = int(run.get("log_every", 100))
+        env = _eval_env(run["dataset"], run["eval"], dataset)
+        algo.fit(
+            dataset,
+            run["steps"],
+            eval_env=env,
+            eval_every=run["eval"]["every"],
+            eval_episodes=run["eval"]["episodes"],
+            log_dir=run_dir,
+            checkpoint_every=run.get("checkpoint_every") or run["eval"]["every"],
+            resume=True,
+            progress=False,
+        )
+        algo.save(run_dir / "model.pt")
+        history = list(getattr(algo, "history_", []))
+        result = {**base, "status": "ok", "history": history}
+        if history:
+            final, best = history[-1], max(history, key=lambda r: r["return_mean"])
+            result.update({
+                "final_return": final["return_mean"], "final_return_std": final["return_std"],
+                "final_score": final["normalized_score_mean"], "best_return": best["return_mean"],
+                "best_score": best["normalized_score_mean"],
+            })
+        try:
+            from offrl.datasets import normalized_score
+
+            result["dataset_score"] = float(np.mean(normalized_score(dataset, dataset.episode_returns())))
+        except ValueError:
+            result["dataset_score"] = float("nan")
+        if run.get("ope") and env is not None:
+            result["ope"] = _run_ope(algo, dataset, env, run["ope"], run["seed"])
+        result["train_seconds"] = time.time() - started
+        (run_dir / "error.txt").unlink(missing_ok=True)
+        _write_json(run_dir / "result.json", result)
+        return result
+    except Exception:
+        text = traceback.format_exc()
+        with atomic_write_path(run_dir / "error.txt") as tmp, open(tmp, "w") as f:
+            f.write(text)
+        return {**base, "status": "failed", "error": text.strip().splitlines()[-1]}
+
+
+def _run_ope(algo: Any, dataset: Any, env: str, ope_cfg: Mapping[str, Any], seed: int) -> dict[str, Any]:
+    """OPE estimates of this run's policy on its dataset, next to its true discounted value."""
+    import offrl.ope as ope
+    from offrl.evaluation import evaluate_policy
+
+    gamma = float(ope_cfg["gamma"])
+    truth = evaluate_policy(algo.predict, env, n_episodes=int(ope_cfg["rollouts"]), seed=10_000 + seed, gamma=gamma)
+    estimates = {"true_value": truth["discounted_return_mean"]}
+    for name in ope_cfg["estimators"]:
+        estimator = getattr(ope, name)(gamma=gamma, random_state=seed) if _accepts(getattr(ope, name), "random_state") \
+            else getattr(ope, name)(gamma=gamma)
+        res = estimator.estimate(algo, dataset) if hasattr(estimator, "estimate") else None
+        if res is not None:
+            estimates[name] = {"value": res.value, "ci_low": res.ci_low, "ci_high": res.ci_high}
+    return estimates
+
+
+def _accepts(cls: Any, name: str) -> bool:
+    import inspect
+
+    try:
+        return name in inspect.signature(cls).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+# ---------------------------------------------------------------------------- executors
+def run_sweep(
+    config: SweepConfig | str | os.PathLike,
+    backend: str = "local",
+    workers: int | None = None,
+    address: str | None = None,
+    out: str | os.PathLike | None = None,
+    progress: bool = True,
+) -> Any:
+    """Run every missing run of the sweep and return the results table (a DataFrame, one row per run)."""
+    from offrl.report import results_frame
+
+    if not isinstance(config, SweepConfig):
+        config = load_config(config)
+    out_dir = Path(out or config.out or Path("offrl-results") / config.name)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    runs = expand_runs(config, out_dir)
+    _write_json(out_dir / "sweep.json", {"name": config.name, "source": config.source, "config": config.raw,
+                                         "runs": [r["dir"] for r in runs]})
+    todo = [r for r in runs if (read_result(r["dir"]) or {}).get("hash") != r["hash"]]
+    workers = max(1, workers or (os.cpu_count() or 1))
+    if backend == "local":
+        results = _run_local(todo, workers, progress, len(runs) - len(todo))
+    elif backend == "ray":
+        results = _run_ray(todo, workers, address, progress, len(runs) - len(todo))
+    else:
+        raise ValueError(f"backend must be 'local' or 'ray', got {backend!r}")
+    failed = [r for r in results if r.get("status") == "failed"]
+    for r in failed:
+        print(f"run failed: {r['dir']}: {r.get('error')} (traceback in {r['dir']}/error.txt)")
+    return results_frame(out_dir)
+
+
+class _Progress:
+    def __init__(self, total: int, skipped: int, enabled: bool) -> None:
+        from tqdm.auto import tqdm
+
+        self.bar = tqdm(total=total + skipped, initial=skipped, desc="sweep", unit="run", disable=not enabled)
+        self.done = self.failed = 0
+        self.skipped = skipped
+
+    def update(self, result: dict[str, Any], running: int) -> None:
+        if result.get("status") == "failed":
+            self.failed += 1
+        else:
+            self.done += 1
+        self.bar.update(1)
+        self.show(running)
+
+    def show(self, running: int) -> None:
+        self.bar.set_postfix(done=self.done, failed=self.failed, running=running, skipped=self.skipped)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def _run_local(runs: list[dict[str, Any]], workers: int, progress: bool, skipped: int) -> list[dict[str, Any]]:
+    import concurrent.futures as cf
+    import multiprocessing as mp
+
+    view = _Progress(len(runs), skipped, progress)
+    results = []
+    try:
+        if workers == 1 or len(runs) <= 1:
+            for i, run in enumerate(runs):
+                view.show(1)
+                results.append(execute_run(run))
+                view.update(results[-1], 0 if i == len(runs) - 1 else 1)
+            return results
+        with cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
+            pending = {pool.submit(execute_run, run) for run in runs}
+            view.show(min(workers, len(pending)))
+            while pending:
+                finished, pending = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
+                for fut in finished:
+                    results.append(fut.result())
+                    view.update(results[-1], min(workers, len(pending)))
+    finally:
+        view.close()
+    return results
+
+
+def _run_ray(runs: list[dict[str, Any]], workers: int, address: str | None, progress: bool, skipped: int
+             ) -> list[dict[str, Any]]:
+    try:
+        import ray
+    except ImportError as err:
+        raise ImportError("the ray backend needs Ray: pip install 'offrl[ray]'") from err
+    started_here = False
+    if not ray.is_initialized():
+        if address:
+            ray.init(address=address, log_to_driver=False)
+        else:
+            ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
+        started_here = True
+    remote = ray.remote(num_cpus=1)(execute_run)
+    view = _Progress(len(runs), skipped, progress)
+    results = []
+    try:
+        pending = [remote.remote(run) for run in runs]
+        view.show(min(workers, len(pending)))
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            for ref in ready:
+                results.append(ray.get(ref))
+                view.update(results[-1], min(workers, len(pending)))
+    finally:
+        view.close()
+        if started_here:
+            ray.shutdown()
+    return results
+
+
+def iter_results(out_dir: str | os.PathLike) -> Iterable[dict[str, Any]]:
+    """Every result.json under a sweep directory."""
+    for path in sorted(Path(out_dir).glob("runs/**/result.json")):
+        with open(path) as f:
+            yield json.load(f)

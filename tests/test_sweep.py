@@ -1,0 +1,173 @@
+"""Sweeps on real data (a recorded Pendulum-v1 dataset), on the local and Ray backends."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import yaml
+
+from offrl import Dataset
+from offrl.cli import main as cli_main
+from offrl.report import stratified_bootstrap_iqm, iqm, write_report
+from offrl.sweep import ConfigError, load_config, run_sweep
+
+COMPARE = ["dataset", "variant", "seed", "status", "final_return", "best_return", "final_score", "best_score"]
+
+
+@pytest.fixture(scope="module")
+def pendulum_npz(tmp_path_factory) -> Path:
+    """A small real Pendulum-v1 dataset (uniform-random behaviour) saved with Dataset.save."""
+    env = gym.make("Pendulum-v1")
+    env.action_space.seed(0)
+    episodes = []
+    for ep in range(6):
+        obs, _ = env.reset(seed=ep)
+        observations, actions, rewards = [obs], [], []
+        for _ in range(200):
+            action = env.action_space.sample()
+            obs, reward, terminated, truncated, _ = env.step(action)
+            observations.append(obs)
+            actions.append(action)
+            rewards.append(reward)
+        episodes.append({"observations": np.array(observations), "actions": np.array(actions),
+                         "rewards": np.array(rewards), "truncations": [False] * 199 + [True]})
+    ds = Dataset.from_episodes(episodes, action_low=-2.0, action_high=2.0,
+                               metadata={"name": "pendulum-random", "env_id": "Pendulum-v1",
+                                         "ref_min_score": -1200.0, "ref_max_score": -150.0})
+    path = tmp_path_factory.mktemp("data") / "pendulum.npz"
+    ds.save(path)
+    return path
+
+
+def write_config(path: Path, datasets, steps=200, seeds=(0, 1), algorithms=None) -> Path:
+    config = {
+        "name": "tiny",
+        "datasets": datasets,
+        "algorithms": algorithms or {"BC": {"lr": [0.001, 0.0003], "hidden_dims": [32, 32]}},
+        "seeds": list(seeds),
+        "steps": steps,
+        "eval": {"every": steps // 2, "episodes": 2},
+        "log_every": 50,
+    }
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def test_local_and_ray_backends_give_identical_tables(tmp_path, pendulum_npz):
+    pytest.importorskip("ray")
+    config = write_config(tmp_path / "sweep.yaml", [str(pendulum_npz)])
+    local = run_sweep(config, backend="local", workers=2, out=tmp_path / "local", progress=False)
+    ray_results = run_sweep(config, backend="ray", workers=2, out=tmp_path / "ray", progress=False)
+    assert len(local) == 4 and (local["status"] == "ok").all()
+    assert local[COMPARE].equals(ray_results[COMPARE])
+    run_dir = Path(local["dir"][0])
+    for name in ("config.json", "result.json", "train.csv", "eval.csv", "checkpoint.pt", "model.pt"):
+        assert (run_dir / name).exists(), name
+    saved = json.loads((run_dir / "config.json").read_text())
+    assert saved["hash"] == json.loads((run_dir / "result.json").read_text())["hash"]
+
+
+def test_rerun_skips_finished_runs_and_killed_sweep_resumes(tmp_path, pendulum_npz):
+    config = write_config(tmp_path / "sweep.yaml", [str(pendulum_npz)], steps=3000, seeds=(0, 1, 2))
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "offrl.cli", "sweep", str(config), "--workers", "1", "--out", str(out),
+                             "--no-progress"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 240
+    while time.time() < deadline and not list(out.glob("runs/**/result.json")):
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    finished = {p: p.stat().st_mtime_ns for p in out.glob("runs/**/result.json")}
+    assert 1 <= len(finished) < 6, "the sweep should have been killed midway"
+    results = run_sweep(config, backend="local", workers=1, out=out, progress=False)
+    assert len(results) == 6 and (results["status"] == "ok").all()
+    for path, mtime in finished.items():
+        assert path.stat().st_mtime_ns == mtime, f"{path} was re-run"
+    again = {p: p.stat().st_mtime_ns for p in out.glob("runs/**/result.json")}
+    run_sweep(config, backend="local", workers=1, out=out, progress=False)
+    assert again == {p: p.stat().st_mtime_ns for p in out.glob("runs/**/result.json")}
+
+
+def test_failing_run_does_not_stop_the_others(tmp_path, pendulum_npz):
+    broken = tmp_path / "broken.npz"
+    broken.write_bytes(b"this is not a dataset")
+    config = write_config(tmp_path / "sweep.yaml", [str(pendulum_npz), str(broken)], seeds=(0,),
+                          algorithms={"BC": {"hidden_dims": [32, 32]}})
+    results = run_sweep(config, backend="local", workers=1, out=tmp_path / "out", progress=False)
+    status = dict(zip(results["dataset"], results["status"]))
+    assert status == {pendulum_npz.name.replace("/", "_"): "ok", "broken.npz": "failed"} or sorted(status.values()) == ["failed", "ok"]
+    failed_dir = Path(results.loc[results["status"] == "failed", "dir"].iloc[0])
+    assert "Traceback" in (failed_dir / "error.txt").read_text()
+
+
+def test_report_writes_table_and_self_contained_html(tmp_path, pendulum_npz, capsys):
+    config = write_config(tmp_path / "sweep.yaml", [str(pendulum_npz)])
+    out = tmp_path / "out"
+    run_sweep(config, backend="local", workers=1, out=out, progress=False)
+    for name in ("results.csv", "table.csv", "iqm.csv", "report.html"):
+        (out / name).unlink(missing_ok=True)
+    assert cli_main(["report", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "(last)" in printed and "(best)" in printed
+    page = (out / "report.html").read_text()
+    assert "<table" in page and "data:image/png;base64," in page
+    assert "http://" not in page and "https://" not in page
+    results = (out / "results.csv").read_text().splitlines()
+    assert len(results) == 1 + 4
+
+
+def test_iqm_and_stratified_bootstrap():
+    scores = np.arange(1, 9, dtype=float)  # middle 50%: 3,4,5,6
+    assert iqm(scores) == pytest.approx(4.5)
+    strata = [np.array([1.0, 2.0, 3.0, 4.0]), np.array([10.0, 11.0, 12.0, 13.0])]
+    value, low, high = stratified_bootstrap_iqm(strata, n_boot=500, seed=0)
+    assert low <= value <= high
+    assert value == pytest.approx(iqm(np.concatenate(strata)))
+    constant = [np.full(5, 7.0), np.full(3, 7.0)]
+    assert stratified_bootstrap_iqm(constant, n_boot=50) == (7.0, 7.0, 7.0)
+
+
+@pytest.mark.parametrize(
+    "mutate, needle",
+    [
+        (lambda c: c["algorithms"].update({"NoSuchAlgo": {}}), "unknown algorithm"),
+        (lambda c: c["algorithms"]["BC"].update({"learning_rate": 0.1}), "no hyper-parameter 'learning_rate'"),
+        (lambda c: c["datasets"].append("d4rl:hopper-medium-v2"), "not found"),
+        (lambda c: c["algorithms"]["BC"].update({"lr": []}), "at least one value"),
+        (lambda c: c["algorithms"]["BC"].update({"lr": [{"a": 1}]}), "malformed grid"),
+        (lambda c: c.update({"seeds": "zero"}), "seeds"),
+    ],
+)
+def test_bad_config_is_reported_with_path_and_line(tmp_path, pendulum_npz, monkeypatch, mutate, needle):
+    monkeypatch.setenv("D4RL_DATASET_DIR", str(tmp_path / "empty"))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    config = {
+        "name": "bad",
+        "datasets": [str(pendulum_npz)],
+        "algorithms": {"BC": {"hidden_dims": [32, 32]}},
+        "seeds": [0],
+        "steps": 10,
+    }
+    mutate(config)
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False, default_flow_style=False))
+    text = path.read_text().splitlines()
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    message = str(info.value)
+    assert needle in message
+    assert message.startswith(f"{path}:")
+    reported = int(message.split(":")[1])
+    # The reported line holds the offending key (or its list item).
+    key = info.value.key.split(".")[-1]
+    assert key in text[reported - 1] or text[reported - 1].lstrip().startswith("-"), (message, text)
+    assert not (tmp_path / "offrl-results").exists()
