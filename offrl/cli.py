@@ -7,7 +7,6 @@ import os
 import sys
 from typing import Sequence
 
-import numpy as np
 
 
 def _datasets_info(args: argparse.Namespace) -> int:

@@ -185,6 +185,12 @@ class Dataset:
                 _check_finite(name, column)
         for name in ("terminals", "timeouts"):
             _check_flags(name, getattr(self, name))
+        both = np.flatnonzero((self.terminals > 0) & (self.timeouts > 0))
+        if len(both):
+            raise ValueError(
+                f"terminals and timeouts are both set at row {int(both[0])}; a step either ends the MDP (terminal) "
+                "or is cut by a time limit (timeout): clear one of them (D4RL counts such a step as a timeout)"
+            )
         starts = self.episode_starts
         if starts.ndim != 1 or len(starts) < 2 or starts[0] != 0 or starts[-1] != n or np.any(np.diff(starts) <= 0):
             raise ValueError(
@@ -288,7 +294,7 @@ class Dataset:
                 starts = np.append(starts, n)
             if starts[0] != 0 or np.any(np.diff(starts) <= 0) or starts[-1] != n:
                 raise ValueError(
-                    f"episode_starts must increase strictly from 0 and stay below n_transitions ({n}); "
+                    f"episode_starts must start at 0 and increase strictly up to n_transitions ({n}); "
                     f"got {np.asarray(episode_starts).reshape(-1)[:5].tolist()}..."
                 )
         # A cut (the final step of an episode that is not terminal) is a timeout.
@@ -368,12 +374,16 @@ class Dataset:
                 raise ValueError(f"episode {i} rewards has {len(rewards)} rows but actions has {t}")
             terminals = _flag(episode, ("terminals", "terminations"), t, i)
             timeouts = _flag(episode, ("timeouts", "truncations"), t, i)
-            if not terminals[-1] and not timeouts[-1]:
-                timeouts[-1] = 1.0
-            terminals[:-1] = 0.0
-            timeouts[:-1] = 0.0
+            early = np.flatnonzero((terminals[:-1] > 0) | (timeouts[:-1] > 0))
+            if len(early):
+                raise ValueError(
+                    f"episode {i} is flagged terminal or truncated at step {int(early[0])}, before its last step "
+                    f"({t - 1}); split it into separate episodes"
+                )
             if terminals[-1]:
                 timeouts[-1] = 0.0
+            elif not timeouts[-1]:
+                timeouts[-1] = 1.0
             log_probs = episode.get("behavior_log_probs")
             if has_log_probs is None:
                 has_log_probs = log_probs is not None
@@ -602,6 +612,13 @@ class Dataset:
                     f"dataset {i} has observation/action dims {(ds.observation_dim, ds.action_dim)} but dataset 0 has "
                     f"{(first.observation_dim, first.action_dim)}; only datasets of the same task can be concatenated"
                 )
+            if ds.discrete_actions != first.discrete_actions or not (
+                _same_bounds(ds.action_low, first.action_low) and _same_bounds(ds.action_high, first.action_high)
+            ):
+                raise ValueError(
+                    f"dataset {i} has a different action space than dataset 0 (bounds or number of discrete actions); "
+                    "only datasets of the same task can be concatenated"
+                )
             if ds.has_behavior_log_probs != first.has_behavior_log_probs:
                 raise ValueError(
                     f"dataset {i} {'has' if ds.has_behavior_log_probs else 'lacks'} behavior_log_probs unlike dataset 0; "
@@ -616,6 +633,8 @@ class Dataset:
         return first._like(columns, starts, meta)
 
     def __add__(self, other: "Dataset") -> "Dataset":
+        if not isinstance(other, Dataset):
+            return NotImplemented
         return Dataset.concatenate([self, other])
 
     def without_behavior_log_probs(self) -> "Dataset":
@@ -712,6 +731,10 @@ class Dataset:
             discrete_actions=header["discrete_actions"],
             metadata=header["metadata"],
         )
+
+
+def _same_bounds(a: np.ndarray | None, b: np.ndarray | None) -> bool:
+    return (a is None and b is None) or (a is not None and b is not None and np.array_equal(a, b))
 
 
 def _json_default(value: Any) -> Any:

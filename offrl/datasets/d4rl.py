@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -31,11 +32,28 @@ D4RL_REF_SCORES: dict[str, tuple[float, float]] = {
 
 _MUJOCO_ENVS = ("halfcheetah", "hopper", "walker2d", "ant")
 
+# gymnasium environments to evaluate D4RL gym-locomotion policies in (gym's v2 envs need the retired mujoco-py).
+# Hopper and HalfCheetah v5 match v2's observations and rewards; Walker2d-v5 changed foot friction; Ant-v5's
+# observation is 105-d (v2: 111-d), so Ant has no entry and needs an explicit eval env.
+D4RL_EVAL_ENVS = {"hopper": "Hopper-v5", "halfcheetah": "HalfCheetah-v5", "walker2d": "Walker2d-v5"}
+
+
+_D4RL_NAME = re.compile(
+    r"^(?:(halfcheetah|hopper|walker2d|ant)-(?:random|medium|expert|medium-replay|medium-expert|full-replay)"
+    r"|(antmaze|kitchen|pen|door|hammer|relocate)-[a-z0-9-]+)-v\d+$"
+)
+
 
 def d4rl_ref_scores(name: str) -> tuple[float, float] | None:
-    """Reference (min, max) returns for a D4RL dataset name such as 'hopper-medium-v2'."""
-    env = os.path.basename(name).lower().split("-")[0].split("_")[0]
-    return D4RL_REF_SCORES.get(env)
+    """Reference (min, max) returns for a D4RL dataset name ('hopper-medium-v2' or its file stem
+    'hopper_medium-v2'); None for any other name, so user files never borrow D4RL's scores."""
+    stem = os.path.basename(name).lower()
+    for suffix in (".hdf5", ".h5"):
+        stem = stem.removesuffix(suffix)
+    match = _D4RL_NAME.match(stem.replace("_", "-"))
+    if match is None:
+        return None
+    return D4RL_REF_SCORES[match.group(1) or match.group(2)]
 
 
 def d4rl_filename(name: str) -> str:
@@ -110,7 +128,17 @@ def read_d4rl_hdf5(path: str | os.PathLike, name: str | None = None) -> Dataset:
         missing = [k for k in ("observations", "actions", "rewards", "terminals") if k not in f]
         if missing:
             raise ValueError(f"{path} lacks D4RL key(s) {missing}; expected observations, actions, rewards, terminals[, timeouts]")
-        read = lambda key: f[key][()] if key in f else None  # noqa: E731
+
+        def read(key: str) -> np.ndarray | None:
+            if key not in f:
+                return None
+            dset = f[key]
+            if np.issubdtype(dset.dtype, np.floating) and dset.dtype != np.float32:
+                # HDF5 converts to float32 while reading, so a float64 copy of
+                # the whole column (2x the final size) is never held in memory.
+                return dset.astype(np.float32)[()]
+            return dset[()]
+
         observations = read("observations")
         actions = read("actions")
         rewards = read("rewards")
@@ -147,6 +175,9 @@ def read_d4rl_hdf5(path: str | os.PathLike, name: str | None = None) -> Dataset:
     scores = d4rl_ref_scores(name)
     if scores is not None:
         metadata["ref_min_score"], metadata["ref_max_score"] = scores
+        env = os.path.basename(name).lower().replace("_", "-").split("-")[0]
+        if env in D4RL_EVAL_ENVS:
+            metadata["env_id"] = D4RL_EVAL_ENVS[env]
     return Dataset.from_arrays(
         observations=observations,
         actions=actions,
