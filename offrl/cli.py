@@ -57,6 +57,14 @@ def _sweep(args: argparse.Namespace) -> int:
     return 1 if n_failed else 0
 
 
+def _quickstart(args: argparse.Namespace) -> int:
+    from offrl.quickstart import run_quickstart
+
+    run_quickstart(out=args.out, steps=args.steps, workers=args.workers, ope_rollouts=args.ope_rollouts,
+                   progress=not args.no_progress)
+    return 0
+
+
 def _report(args: argparse.Namespace) -> int:
     from offrl.report import results_frame, score_table, write_report
 
@@ -67,6 +75,43 @@ def _report(args: argparse.Namespace) -> int:
     if not table.empty:
         print(table.to_string())
     print(f"wrote {paths['results']}, {paths['table']}, {paths['iqm']} and {paths['html']}")
+    return 0
+
+
+def _datasets_build(args: argparse.Namespace) -> int:
+    from offrl.datasets.build import run_build
+
+    sac_params = {}
+    if args.learning_starts is not None:
+        sac_params["learning_starts"] = args.learning_starts
+    report = run_build(args.name, n_transitions=args.transitions, seed=args.seed, sac_steps=args.sac_steps,
+                       eval_every=args.eval_every, sac_params=sac_params or None, env_id=args.env_id,
+                       data_dir=args.data_dir, device=args.device, force=args.force, progress=not args.no_progress,
+                       threads=args.threads or None)
+    print()
+    print(report.format())
+    return 0
+
+
+def _datasets_list(args: argparse.Namespace) -> int:
+    from offrl.datasets import offrl_data_dir
+    from offrl.datasets.build import KINDS, known_datasets, list_built
+
+    root = args.data_dir or offrl_data_dir()
+    built = list_built(args.data_dir)
+    print(f"built under {root}:")
+    if not built:
+        print("  (none yet; build one with `offrl datasets build pendulum-medium-v1`)")
+    for row in built:
+        config = row.get("config", {})
+        print(f"  {row['name']:<32} seed {config.get('seed', '?')}, SAC {config.get('sac_steps', 0):,} steps  "
+              f"{row['n_transitions']:>10,} transitions {row['n_episodes']:>7,} episodes  "
+              f"return {row['return_mean']:9.2f}  normalised {row['normalized_score_mean']:6.1f}  {row['dataset_id']}")
+    print(f"\nknown (offrl datasets build <env>-<kind>-v<N>; kinds: {', '.join(KINDS)}, or '*' for all):")
+    for row in known_datasets():
+        print(f"  {row['name']:<40} {row['env_id']:<26} default SAC {row['sac_steps']:>9,} steps, "
+              f"{row['n_transitions']:,} transitions per kind")
+    print("  any other gymnasium continuous-control env by name, or --env-id for an explicit id")
     return 0
 
 
@@ -83,6 +128,33 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("spec", help="d4rl:<name>, minari:<id>, offrl:<name>, or a .hdf5/.npz path")
     info.add_argument("--download", action="store_true", help="download a missing D4RL file")
     info.set_defaults(func=_datasets_info)
+    build = datasets_commands.add_parser(
+        "build", help="build D4RL-style datasets locally: train SAC on a gymnasium env, collect, write Minari files")
+    build.add_argument("name", help="<env>-<kind>-v<env version>, e.g. hopper-medium-v5 or 'pendulum-*-v1' for all kinds")
+    build.add_argument("--transitions", type=int, default=None, help="transitions per collected kind (default: per env)")
+    build.add_argument("--sac-steps", type=int, default=None, help="SAC environment steps (default: per env)")
+    build.add_argument("--seed", type=int, default=0)
+    build.add_argument("--eval-every", type=int, default=None, help="SAC steps between evaluated snapshots")
+    build.add_argument("--learning-starts", type=int, default=None, help="SAC random warm-up steps (default 5000)")
+    build.add_argument("--env-id", default=None, help="explicit gymnasium id (its version must match the name's)")
+    build.add_argument("--data-dir", default=None, help="cache root (default: $OFFRL_DATA_DIR or ~/.offrl/datasets)")
+    build.add_argument("--device", default="auto")
+    build.add_argument("--threads", type=int, default=1,
+                       help="torch CPU threads during the build (default 1; 0 keeps torch's choice)")
+    build.add_argument("--force", action="store_true", help="rebuild from scratch even if cached")
+    build.add_argument("--no-progress", action="store_true")
+    build.set_defaults(func=_datasets_build)
+    listing = datasets_commands.add_parser("list", help="list built datasets and the envs `build` knows")
+    listing.add_argument("--data-dir", default=None, help="cache root (default: $OFFRL_DATA_DIR or ~/.offrl/datasets)")
+    listing.set_defaults(func=_datasets_list)
+
+    quick = commands.add_parser("quickstart", help="build pendulum data, train BC/TD3+BC/IQL/CQL, evaluate, OPE, report")
+    quick.add_argument("--out", default="offrl-results/quickstart")
+    quick.add_argument("--steps", type=int, default=None, help="gradient steps per algorithm (default 5000)")
+    quick.add_argument("--workers", type=int, default=2, help="algorithms trained at the same time")
+    quick.add_argument("--ope-rollouts", type=int, default=20, help="on-policy roll-outs for each true value")
+    quick.add_argument("--no-progress", action="store_true")
+    quick.set_defaults(func=_quickstart)
 
     sweep = commands.add_parser("sweep", help="run a benchmark sweep from a YAML config")
     sweep.add_argument("config", help="sweep YAML (see experiments/)")
@@ -97,6 +169,10 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("dir")
     report.add_argument("--title", default=None)
     report.set_defaults(func=_report)
+
+    from offrl.ope.cli import add_ope_parser
+
+    add_ope_parser(commands)
     return parser
 
 

@@ -27,7 +27,7 @@ from offrl.datasets.core import atomic_write_path
 __all__ = ["ConfigError", "SweepConfig", "load_config", "parse_config", "expand_runs", "run_sweep", "execute_run"]
 
 _TOP_KEYS = {"name", "datasets", "algorithms", "seeds", "steps", "eval", "ope", "checkpoint_every", "device",
-             "threads_per_run", "out", "log_every"}
+             "threads_per_run", "out", "log_every", "presets"}
 _EVAL_KEYS = {"every", "episodes", "env"}
 _OPE_KEYS = {"estimators", "gamma", "rollouts"}
 _DATASET_KEYS = {"spec", "eval_env", "build", "label"}
@@ -76,6 +76,7 @@ class SweepConfig:
     device: str = "cpu"
     threads_per_run: int = 1
     log_every: int = 100
+    presets: bool = True
     out: str | None = None
     source: str = "<config>"
     raw: dict[str, Any] = field(default_factory=dict)
@@ -181,7 +182,11 @@ def parse_config(
     log_every = raw.get("log_every", 100)
     if not isinstance(log_every, int) or log_every < 1:
         raise fail("log_every", f"log_every must be a positive integer, got {log_every!r}")
+    presets = raw.get("presets", True)
+    if not isinstance(presets, bool):
+        raise fail("presets", f"presets must be true or false, got {presets!r}")
     return SweepConfig(
+        presets=presets,
         name=str(raw.get("name") or default_name),
         datasets=datasets,
         algorithms=algorithms,
@@ -250,12 +255,12 @@ def dataset_problem(spec: str, build: bool = True) -> str | None:
         from offrl.datasets import build as builder
 
         try:
-            if builder.is_built(rest):
-                return None
             builder.parse_name(rest)
         except ValueError as err:
             return str(err)
-        return None if build else f"offrl dataset {rest!r} is not built; run `offrl datasets build {rest}` or set build: true"
+        if build or any(row.get("name") == rest for row in builder.list_built()):
+            return None
+        return f"offrl dataset {rest!r} is not built; run `offrl datasets build {rest}` or set build: true"
     path = Path(spec).expanduser()
     if path.suffix not in (".hdf5", ".h5", ".npz"):
         return f"cannot load {spec!r}: use d4rl:<name>, minari:<id>, offrl:<name>, or a .hdf5/.npz path"
@@ -338,13 +343,12 @@ def _grid_values(spec: Any, default: Any, key: str, fail: Any) -> list[Any]:
 
 
 def _check_estimators(names: list[Any], fail: Any) -> None:
-    try:
-        import offrl.ope as ope
-    except ImportError:
-        raise fail("ope", "offrl.ope is not available in this installation") from None
+    from offrl.ope import ESTIMATORS
+
+    known = {k.lower() for k in ESTIMATORS}
     for i, name in enumerate(names):
-        if not isinstance(name, str) or not hasattr(ope, name):
-            raise fail(f"ope.estimators.{i}", f"unknown OPE estimator {name!r}")
+        if not isinstance(name, str) or name.lower() not in known:
+            raise fail(f"ope.estimators.{i}", f"unknown OPE estimator {name!r}; choose from {list(ESTIMATORS)}")
 
 
 # ---------------------------------------------------------------------------- runs
@@ -359,9 +363,11 @@ def expand_runs(config: SweepConfig, out_dir: str | os.PathLike) -> list[dict[st
     for dataset in config.datasets:
         for label, algo in config.algorithms.items():
             names = sorted(algo["grid"])
+            preset = _preset(algo["algorithm"], dataset["spec"]) if config.presets else {}
             for values in itertools.product(*(algo["grid"][n] for n in names)):
-                params = dict(zip(names, values))
-                variant = label if not params else f"{label}-{_hash(params)[:8]}"
+                grid_point = dict(zip(names, values))
+                params = {**preset, **grid_point}  # explicit settings override the per-dataset preset
+                variant = label if not grid_point else f"{label}-{_hash(grid_point)[:8]}"
                 for seed in config.seeds:
                     resolved = {
                         "dataset": dataset,
@@ -381,6 +387,16 @@ def expand_runs(config: SweepConfig, out_dir: str | os.PathLike) -> list[dict[st
                     runs.append({**resolved, "variant": variant, "hash": config_hash, "dir": str(run_dir),
                                  "threads": config.threads_per_run})
     return runs
+
+
+def _preset(algorithm: str, spec: str) -> dict[str, Any]:
+    """The papers' per-dataset settings for `algorithm` on the dataset named by `spec` (see offrl.algos.presets)."""
+    from offrl.algos.presets import preset_params
+
+    try:
+        return preset_params(algorithm, spec.split(":", 1)[-1])
+    except ValueError:  # an algorithm without a preset table
+        return {}
 
 
 def _write_json(path: Path, obj: Any) -> None:
@@ -479,29 +495,17 @@ def execute_run(run: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _run_ope(algo: Any, dataset: Any, env: str, ope_cfg: Mapping[str, Any], seed: int) -> dict[str, Any]:
-    """OPE estimates of this run's policy on its dataset, next to its true discounted value."""
-    import offrl.ope as ope
-    from offrl.evaluation import evaluate_policy
+    """OPE estimates of this run's policy from its dataset, next to its true discounted value from roll-outs."""
+    from offrl import ope
 
     gamma = float(ope_cfg["gamma"])
-    truth = evaluate_policy(algo.predict, env, n_episodes=int(ope_cfg["rollouts"]), seed=10_000 + seed, gamma=gamma)
-    estimates = {"true_value": truth["discounted_return_mean"]}
-    for name in ope_cfg["estimators"]:
-        estimator = getattr(ope, name)(gamma=gamma, random_state=seed) if _accepts(getattr(ope, name), "random_state") \
-            else getattr(ope, name)(gamma=gamma)
-        res = estimator.estimate(algo, dataset) if hasattr(estimator, "estimate") else None
-        if res is not None:
-            estimates[name] = {"value": res.value, "ci_low": res.ci_low, "ci_high": res.ci_high}
+    truth = ope.true_policy_value(env, algo, gamma, n_rollouts=int(ope_cfg["rollouts"]), seed=10_000 + seed,
+                                  dataset=dataset)
+    report = ope.evaluate({"policy": algo}, dataset, list(ope_cfg["estimators"]), gamma, random_state=seed)
+    estimates: dict[str, Any] = {"true_value": truth["value"]}
+    for row in report.to_frame().itertuples():
+        estimates[row.estimator] = {"value": row.value, "ci_low": row.ci_low, "ci_high": row.ci_high}
     return estimates
-
-
-def _accepts(cls: Any, name: str) -> bool:
-    import inspect
-
-    try:
-        return name in inspect.signature(cls).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 # ---------------------------------------------------------------------------- executors

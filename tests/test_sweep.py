@@ -171,3 +171,16 @@ def test_bad_config_is_reported_with_path_and_line(tmp_path, pendulum_npz, monke
     key = info.value.key.split(".")[-1]
     assert key in text[reported - 1] or text[reported - 1].lstrip().startswith("-"), (message, text)
     assert not (tmp_path / "offrl-results").exists()
+
+
+def test_experiment_configs_are_valid_and_quickstart_yaml_matches_the_command():
+    from offrl.quickstart import QUICKSTART_CONFIG
+
+    root = Path(__file__).resolve().parents[1] / "experiments"
+    for name in ("quickstart.yaml", "local_suite.yaml", "d4rl_locomotion.yaml"):
+        config = load_config(root / name, check_datasets=False)
+        assert config.algorithms and config.datasets
+    assert yaml.safe_load((root / "quickstart.yaml").read_text()) == QUICKSTART_CONFIG
+    suite = load_config(root / "d4rl_locomotion.yaml", check_datasets=False)
+    assert len(suite.datasets) == 9 and len(suite.seeds) == 5 and suite.steps == 1_000_000
+    assert set(suite.algorithms) == {"BC", "TD3PlusBC", "IQL", "CQL", "CalQL"}

@@ -9,13 +9,22 @@ learners) and provides:
 - `_update(batch, step) -> dict[str, Tensor]`: one gradient step;
 - `_act(obs, deterministic) -> Tensor`: actions for normalised observations;
 - optionally `_value(obs, actions) -> Tensor` (critic) and `_extra_columns`.
+
+Speed plumbing shared by every algorithm (see benchmarks/updates.py):
+`make_adam` (fused kernels where available), `_autocast()` for
+`precision="bf16"` (bf16 matmuls, fp32 master weights and fp32 output layers),
+`_maybe_compile(fn)` for `compile=True`; the fit loop keeps the whole dataset
+as tensors on the training device and touches Python floats only every
+`log_every` steps.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import math
 import os
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
@@ -27,7 +36,17 @@ from torch import nn
 
 from offrl.datasets.core import Batch, Dataset, atomic_write_path
 
-__all__ = ["BaseEstimator", "OfflineAlgorithm", "ObservationNormalizer", "resolve_device", "TrainingDivergedError"]
+__all__ = [
+    "BaseEstimator",
+    "OfflineAlgorithm",
+    "ObservationNormalizer",
+    "resolve_device",
+    "TrainingDivergedError",
+    "make_adam",
+    "PRECISIONS",
+]
+
+PRECISIONS = ("fp32", "bf16")
 
 
 class TrainingDivergedError(FloatingPointError):
@@ -41,6 +60,17 @@ def resolve_device(device: str | torch.device) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device='cuda' was requested but CUDA is not available; use device='cpu' or 'auto'")
     return device
+
+
+def make_adam(params: Iterable[torch.Tensor], lr: float, device: torch.device | str | None = None, **kwargs: Any
+              ) -> torch.optim.Adam:
+    """Adam with the fused kernel (one call for all parameters) where this torch has it, else foreach."""
+    params = list(params)
+    device = torch.device(device) if device is not None else (params[0].device if params else torch.device("cpu"))
+    try:
+        return torch.optim.Adam(params, lr=lr, fused=True, **kwargs)
+    except (RuntimeError, TypeError, ValueError):  # older torch / unsupported device: fall back to foreach
+        return torch.optim.Adam(params, lr=lr, foreach=device.type != "mps", **kwargs)
 
 
 class ObservationNormalizer(nn.Module):
@@ -89,6 +119,23 @@ class BaseEstimator(sklearn.base.BaseEstimator):
     @property
     def device_(self) -> torch.device:
         return resolve_device(getattr(self, "device", "cpu"))
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        """bf16 autocast when `precision="bf16"` (parameters and optimiser state stay fp32)."""
+        precision = getattr(self, "precision", "fp32")
+        if precision == "fp32":
+            return contextlib.nullcontext()
+        if precision != "bf16":
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+        return torch.autocast(self.device_.type, dtype=torch.bfloat16)
+
+    def _maybe_compile(self, fn: Callable) -> Callable:
+        """`torch.compile(fn)` when the `compile` hyper-parameter asks for it (True or a mode name), else `fn`."""
+        option = getattr(self, "compile", False)
+        if not option:
+            return fn
+        mode = None if option is True else str(option)  # e.g. "reduce-overhead" for CUDA graphs
+        return torch.compile(fn, mode=mode, dynamic=False)
 
     def _check_fitted(self) -> None:
         if not hasattr(self, "spec_"):
@@ -186,7 +233,11 @@ class BaseEstimator(sklearn.base.BaseEstimator):
 
     @torch.no_grad()
     def predict_value(self, observations: Any, actions: Any) -> np.ndarray:
-        """Q(s, a) from the algorithm's critic (minimum over the ensemble where there is one)."""
+        """Q(s, a) from the algorithm's critic (minimum over the ensemble where there is one).
+
+        Values are in the units the critic was trained in: offline algorithms
+        train on `rewards * spec_["reward_scale"] + spec_["reward_bias"]`.
+        """
         obs, single = self._as_obs_tensor(observations)
         act = torch.as_tensor(np.asarray(actions, np.float32), device=self.device_).reshape(len(obs), -1)
         value = self._value(self.obs_normalizer_(obs), act).float().cpu().numpy()
@@ -214,7 +265,8 @@ class BaseEstimator(sklearn.base.BaseEstimator):
         module = copy.deepcopy(_ExportedPolicy(self.obs_normalizer_, self._export_actor())).to("cpu").eval()
         module.requires_grad_(False)
         example = torch.zeros(1, self.spec_["observation_dim"])
-        with torch.no_grad():
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # TorchScript is what runs without offrl
             scripted = torch.jit.trace(module, example, check_trace=False)
         with atomic_write_path(path) as tmp:
             scripted.save(tmp)
@@ -262,20 +314,93 @@ class _CSVLog:
             writer.writerow(row)
 
 
+class _PackedSampler:
+    """All training columns in one (N, D) tensor, so drawing a batch is one `index_select`.
+
+    The batch's columns are views into the gathered rows (contiguous along
+    the feature dimension), which is what the first matmul of every network
+    wants anyway.
+    """
+
+    def __init__(self, columns: Mapping[str, torch.Tensor]) -> None:
+        self.names = list(columns)
+        n = next(iter(columns.values())).shape[0]
+        self.vector = {k: v.dim() == 1 for k, v in columns.items()}
+        parts = [v.reshape(n, -1).float() for v in columns.values()]
+        self.widths = [p.shape[1] for p in parts]
+        self.packed = torch.cat(parts, dim=1).contiguous()
+        self.n = n
+
+    def __call__(self, index: torch.Tensor) -> Batch:
+        rows = self.packed.index_select(0, index).split(self.widths, dim=1)
+        fields: dict[str, torch.Tensor] = {}
+        extras: dict[str, torch.Tensor] = {}
+        for name, value in zip(self.names, rows):
+            value = value.squeeze(1) if self.vector[name] else value
+            (fields if name in _BATCH_FIELDS else extras)[name] = value
+        return Batch(indices=index, extras=extras, **fields)
+
+
+_BATCH_FIELDS = frozenset(
+    ("observations", "actions", "rewards", "terminals", "timeouts", "next_observations", "behavior_log_probs")
+)
+
+
 class OfflineAlgorithm(BaseEstimator):
-    """Base of every offline algorithm: `fit(dataset, n_steps)` and the shared training loop."""
+    """Base of every offline algorithm: `fit(dataset, n_steps)` and the shared training loop.
+
+    Shared hyper-parameters an algorithm may declare in its `__init__` (read
+    with defaults, so none is required): `batch_size`, `n_steps`,
+    `normalize_observations`, `reward_scale`, `reward_bias`,
+    `reward_normalization` (None or "return_range": rewards times
+    1000 / (max episode return - min episode return), IQL's locomotion
+    scaling), `precision` ("fp32" or "bf16"), `compile`, `device`,
+    `random_state`.  The reward transform is computed once from the training
+    dataset and stored in `spec_`, so a saved or resumed model uses the same.
+    """
 
     log_every: int = 100
     supports_discrete_actions: bool = False
+
+    @classmethod
+    def from_preset(cls, dataset: Any, **overrides: Any) -> "OfflineAlgorithm":
+        """An instance with the per-dataset hyper-parameters from `offrl.algos.presets` (e.g. AntMaze's), plus `overrides`."""
+        from offrl.algos.presets import preset_params
+
+        params = preset_params(cls.__name__, dataset)
+        params.update(overrides)
+        return cls(**params)
 
     # ------------------------------------------------------------------ hooks
     def _update(self, batch: Batch, step: int) -> dict[str, torch.Tensor]:
         raise NotImplementedError
 
+    def _reward_affine(self, dataset: Dataset) -> tuple[float, float]:
+        """(scale, bias) with which the algorithm trains on `rewards * scale + bias`."""
+        scale = float(getattr(self, "reward_scale", 1.0))
+        bias = float(getattr(self, "reward_bias", 0.0))
+        normalization = getattr(self, "reward_normalization", None)
+        if normalization == "return_range":
+            returns = dataset.episode_returns()
+            span = float(returns.max() - returns.min())
+            if span > 0:
+                scale *= 1000.0 / span
+        elif normalization not in (None, "none"):
+            raise ValueError(f"reward_normalization must be None or 'return_range', got {normalization!r}")
+        return scale, bias
+
+    def _make_spec(self, dataset: Dataset) -> dict[str, Any]:
+        spec = super()._make_spec(dataset)
+        spec["reward_scale"], spec["reward_bias"] = self._reward_affine(dataset)
+        return spec
+
     def _transform_rewards(self, dataset: Dataset) -> np.ndarray:
-        """Rewards as the algorithm trains on them (paper-specific scaling); identity by default."""
-        scale = getattr(self, "reward_scale", 1.0)
-        bias = getattr(self, "reward_bias", 0.0)
+        """Rewards as the algorithm trains on them (the paper's scaling, fixed at the first fit in `spec_`)."""
+        spec = getattr(self, "spec_", None) or {}
+        if "reward_scale" in spec:
+            scale, bias = spec["reward_scale"], spec.get("reward_bias", 0.0)
+        else:
+            scale, bias = self._reward_affine(dataset)
         return dataset.rewards * np.float32(scale) + np.float32(bias)
 
     def _extra_columns(self, dataset: Dataset) -> dict[str, np.ndarray]:
@@ -285,14 +410,15 @@ class OfflineAlgorithm(BaseEstimator):
     def _training_columns(self, dataset: Dataset) -> dict[str, torch.Tensor]:
         device = self.device_
         normalizer = self.obs_normalizer_
-        columns = {
-            "observations": normalizer(torch.from_numpy(dataset.observations).to(device)),
-            "next_observations": normalizer(torch.from_numpy(dataset.next_observations).to(device)),
-            "actions": torch.from_numpy(dataset.actions).to(device),
-            "rewards": torch.from_numpy(np.ascontiguousarray(self._transform_rewards(dataset), np.float32)).to(device),
-            "terminals": torch.from_numpy(dataset.terminals).to(device),
-            "timeouts": torch.from_numpy(dataset.timeouts).to(device),
-        }
+        with torch.no_grad():
+            columns = {
+                "observations": normalizer(torch.from_numpy(dataset.observations).to(device)),
+                "next_observations": normalizer(torch.from_numpy(dataset.next_observations).to(device)),
+                "actions": torch.from_numpy(dataset.actions).to(device),
+                "rewards": torch.from_numpy(np.ascontiguousarray(self._transform_rewards(dataset), np.float32)).to(device),
+                "terminals": torch.from_numpy(dataset.terminals).to(device),
+                "timeouts": torch.from_numpy(dataset.timeouts).to(device),
+            }
         if dataset.behavior_log_probs is not None:
             columns["behavior_log_probs"] = torch.from_numpy(dataset.behavior_log_probs).to(device)
         for key, value in self._extra_columns(dataset).items():
@@ -313,17 +439,22 @@ class OfflineAlgorithm(BaseEstimator):
         checkpoint_every: int | None = None,
         resume: bool = False,
         progress: bool = True,
+        log_every: int | None = None,
     ) -> "OfflineAlgorithm":
         """Train for `n_steps` gradient steps (default: the `n_steps` hyper-parameter) and return self.
 
-        Losses are logged every `log_every` steps (progress bar, `log_dir`/train.csv,
-        TensorBoard when installed); `eval_env` is evaluated every `eval_every`
-        steps (`log_dir`/eval.csv).  With `checkpoint_every` a checkpoint is
-        written atomically to `log_dir`/checkpoint.pt, and `resume=True`
-        continues from it to the same result as an uninterrupted run.  A NaN
-        or inf loss raises `TrainingDivergedError` naming the loss and step.
-        Callbacks are called as `callback(algo, step, metrics)` at each log step;
-        returning `False` stops training.
+        Losses are logged every `log_every` steps (default: the estimator's
+        `log_every`, 100) to the progress bar, `log_dir`/train.csv and
+        TensorBoard when installed; between log steps nothing leaves the
+        device.  `eval_env` is evaluated every `eval_every` steps
+        (`log_dir`/eval.csv; return and normalised score).  With
+        `checkpoint_every` a checkpoint is written atomically to
+        `log_dir`/checkpoint.pt, and `resume=True` continues from it to the
+        same result as an uninterrupted run.  A NaN or inf loss raises
+        `TrainingDivergedError` naming the loss and step, before any later
+        checkpoint is written.  Callbacks are called as
+        `callback(algo, step, metrics)` at each log step, after that step's
+        evaluation and checkpoint; returning `False` stops training.
         """
         from tqdm.auto import tqdm
 
@@ -336,8 +467,16 @@ class OfflineAlgorithm(BaseEstimator):
         n_steps = int(self.n_steps if n_steps is None else n_steps)
         if n_steps < 0:
             raise ValueError(f"n_steps must be non-negative, got {n_steps}")
+        log_every = int(log_every if log_every is not None else getattr(self, "log_every", 100))
+        if log_every < 1:
+            raise ValueError(f"log_every must be at least 1, got {log_every}")
+        if checkpoint_every is not None and int(checkpoint_every) < 1:
+            raise ValueError(f"checkpoint_every must be a positive number of steps, got {checkpoint_every}")
         if (checkpoint_every or resume) and log_dir is None:
             raise ValueError("checkpoint_every and resume need a log_dir to keep the checkpoint in")
+        precision = getattr(self, "precision", "fp32")
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
         log_path = None if log_dir is None else Path(log_dir)
         if log_path is not None:
             log_path.mkdir(parents=True, exist_ok=True)
@@ -349,6 +488,8 @@ class OfflineAlgorithm(BaseEstimator):
                 f"({dataset.discrete_actions} actions); use a discrete-action method such as BC"
             )
 
+        # The length of this run, for schedules built in `_build` (IQL's cosine actor LR).
+        self._fit_n_steps = n_steps
         generator = torch.Generator(device=device)
         start = 0
         if resume and checkpoint_path is not None and checkpoint_path.exists():
@@ -366,7 +507,7 @@ class OfflineAlgorithm(BaseEstimator):
             self._build_all(self._make_spec(dataset))
             self.n_steps_done_ = 0
             self.history_ = []
-        columns = self._training_columns(dataset)
+        sampler = _PackedSampler(self._training_columns(dataset))
         n = dataset.n_transitions
         batch_size = int(getattr(self, "batch_size", 256))
 
@@ -382,34 +523,42 @@ class OfflineAlgorithm(BaseEstimator):
         bar = tqdm(total=n_steps, initial=start, desc=type(self).__name__, disable=not progress, dynamic_ncols=True)
         self._set_eval_mode(True)
         latest: dict[str, torch.Tensor] = {}
+        last_checked = start
+        shown = start
+        update = self._update
         try:
             for step in range(start, n_steps):
                 index = torch.randint(n, (batch_size,), generator=generator, device=device)
-                latest = self._update(Dataset.gather(index, columns), step)
+                latest = update(sampler(index), step)
                 done = step + 1
+                is_log = done % log_every == 0 or done == n_steps
+                is_checkpoint = bool(checkpoint_path is not None and checkpoint_every
+                                     and (done % checkpoint_every == 0 or done == n_steps))
+                is_eval = eval_env is not None and (done % eval_every == 0 or done == n_steps)
+                if not (is_log or is_checkpoint or is_eval):
+                    continue
                 self.n_steps_done_ = done
-                bar.update(1)
-                is_log = done % self.log_every == 0 or done == n_steps
-                is_checkpoint = checkpoint_path is not None and checkpoint_every and (done % checkpoint_every == 0 or done == n_steps)
-                if is_log or is_checkpoint:
-                    values = self._finite_metrics(latest, done, checkpoint_path)
-                    if is_log:
-                        bar.set_postfix({k: f"{v:.3g}" for k, v in list(values.items())[:4]}, refresh=False)
-                        if train_log is not None:
-                            train_log.write({"step": done, **values})
-                        if writer is not None:
-                            for key, value in values.items():
-                                writer.add_scalar(f"train/{key}", value, done)
-                        if any(cb(self, done, values) is False for cb in callbacks):
-                            break
-                if eval_env is not None and (done % eval_every == 0 or done == n_steps):
+                bar.update(done - shown)
+                shown = done
+                values = self._finite_metrics(latest, done, checkpoint_path, last_checked)
+                last_checked = done
+                if is_log:
+                    bar.set_postfix({k: f"{v:.3g}" for k, v in list(values.items())[:4]}, refresh=False)
+                    if train_log is not None:
+                        train_log.write({"step": done, **values})
+                    if writer is not None:
+                        for key, value in values.items():
+                            writer.add_scalar(f"train/{key}", value, done)
+                if is_eval:
                     result = self.evaluate(eval_env, n_episodes=eval_episodes, seed=0)
                     row = {"step": done, "return_mean": result["return_mean"], "return_std": result["return_std"],
                            "normalized_score_mean": result.get("normalized_score_mean", float("nan")),
                            "normalized_score_std": result.get("normalized_score_std", float("nan"))}
                     self.history_.append(row)
-                    bar.write(f"step {done}: return {row['return_mean']:.2f} ± {row['return_std']:.2f}"
-                              + (f", normalised score {row['normalized_score_mean']:.1f}" if math.isfinite(row["normalized_score_mean"]) else ""))
+                    if progress:
+                        bar.write(f"step {done}: return {row['return_mean']:.2f} ± {row['return_std']:.2f}"
+                                  + (f", normalised score {row['normalized_score_mean']:.1f}"
+                                     if math.isfinite(row["normalized_score_mean"]) else ""))
                     if eval_log is not None:
                         eval_log.write(row)
                     if writer is not None:
@@ -418,6 +567,9 @@ class OfflineAlgorithm(BaseEstimator):
                             writer.add_scalar("eval/normalized_score", row["normalized_score_mean"], done)
                 if is_checkpoint:
                     self._save_checkpoint(checkpoint_path, generator)
+                # Callbacks run last, so a run they stop has its evaluation and checkpoint of this step.
+                if is_log and any(cb(self, done, values) is False for cb in callbacks):
+                    break
         finally:
             bar.close()
             if writer is not None:
@@ -425,14 +577,17 @@ class OfflineAlgorithm(BaseEstimator):
         self.last_metrics_ = {k: float(v) for k, v in latest.items()}
         return self
 
-    def _finite_metrics(self, metrics: Mapping[str, torch.Tensor], step: int, checkpoint_path: Path | None) -> dict[str, float]:
+    def _finite_metrics(self, metrics: Mapping[str, torch.Tensor], step: int, checkpoint_path: Path | None,
+                        last_checked: int | None = None) -> dict[str, float]:
         values = {k: float(v) for k, v in metrics.items()}
         for key, value in values.items():
             if not math.isfinite(value):
                 where = (f"; the last good checkpoint is {checkpoint_path}" if checkpoint_path is not None and checkpoint_path.exists()
                          else "")
+                since = (f" (losses are checked every log_every steps; all were finite at step {last_checked})"
+                         if last_checked is not None and last_checked < step - 1 else "")
                 raise TrainingDivergedError(
-                    f"{type(self).__name__}: loss {key!r} became {value} at step {step}{where}. "
+                    f"{type(self).__name__}: loss {key!r} became {value} at step {step}{since}{where}. "
                     "Lower the learning rate, check the rewards' scale, or enable observation normalisation"
                 )
         return values

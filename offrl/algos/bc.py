@@ -12,7 +12,7 @@ from typing import Any, Sequence
 import torch
 from torch.nn import functional as F
 
-from offrl.algos.base import OfflineAlgorithm
+from offrl.algos.base import OfflineAlgorithm, make_adam
 from offrl.datasets.core import Batch
 from offrl.nn import MLP, DeterministicPolicy, TanhGaussianPolicy
 
@@ -43,6 +43,8 @@ class BC(OfflineAlgorithm):
         batch_size: int = 256,
         n_steps: int = 1_000_000,
         normalize_observations: bool = True,
+        precision: str = "fp32",
+        compile: bool | str = False,
         device: str = "auto",
         random_state: Any = None,
     ) -> None:
@@ -52,6 +54,8 @@ class BC(OfflineAlgorithm):
         self.batch_size = batch_size
         self.n_steps = n_steps
         self.normalize_observations = normalize_observations
+        self.precision = precision
+        self.compile = compile
         self.device = device
         self.random_state = random_state
 
@@ -66,15 +70,19 @@ class BC(OfflineAlgorithm):
         else:
             raise ValueError(f"policy must be 'deterministic' or 'gaussian', got {self.policy!r}")
         self.policy_.to(self.device_)
-        self.optimizer_ = torch.optim.Adam(self.policy_.parameters(), lr=self.lr)
+        self.optimizer_ = make_adam(self.policy_.parameters(), self.lr, self.device_)
+        self._loss = self._maybe_compile(self._loss_eager)
+
+    def _loss_eager(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        with self._autocast():
+            if self.spec_.get("discrete_actions") is not None:
+                return F.cross_entropy(self.policy_(obs), actions[:, 0].long())
+            if self.policy == "deterministic":
+                return mse_bc_loss(self.policy_(obs)[0], actions)
+            return nll_bc_loss(self.policy_.log_prob(obs, actions))
 
     def _update(self, batch: Batch, step: int) -> dict[str, torch.Tensor]:
-        if self.spec_.get("discrete_actions") is not None:
-            loss = F.cross_entropy(self.policy_(batch.observations), batch.actions[:, 0].long())
-        elif self.policy == "deterministic":
-            loss = mse_bc_loss(self.policy_(batch.observations)[0], batch.actions)
-        else:
-            loss = nll_bc_loss(self.policy_.log_prob(batch.observations, batch.actions))
+        loss = self._loss(batch.observations, batch.actions)
         self.optimizer_.zero_grad(set_to_none=True)
         loss.backward()
         self.optimizer_.step()

@@ -8,7 +8,7 @@ networks, so evaluating N critics costs one kernel call per layer.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 from torch import nn
@@ -28,6 +28,20 @@ __all__ = [
 ]
 
 ACTIVATIONS = {"relu": nn.ReLU, "mish": nn.Mish, "tanh": nn.Tanh, "gelu": nn.GELU, "silu": nn.SiLU}
+
+
+def _fp32_head(layer: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """Apply the output layer in fp32, also under bf16/fp16 autocast.
+
+    Hidden layers are where the FLOPs are; keeping the (tiny) output layer in
+    fp32 keeps Q-values, means and log-stds -- and so every loss and TD
+    target computed from them -- at full precision (a bf16 Q-value of 300
+    would be quantised to steps of 2).
+    """
+    if torch.is_autocast_enabled(x.device.type):
+        with torch.autocast(x.device.type, enabled=False):
+            return layer(x.float())
+    return layer(x)
 
 
 def _activation(name: str) -> type[nn.Module]:
@@ -61,6 +75,12 @@ class MLP(nn.Sequential):
         layers.append(nn.Linear(last, out_dim))
         super().__init__(*layers)
 
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        last = len(self) - 1
+        for i, layer in enumerate(self):
+            x = _fp32_head(layer, x) if i == last else layer(x)
+        return x
+
 
 class EnsembleLinear(nn.Module):
     """`n_members` independent linear layers applied as one batched matmul.
@@ -78,8 +98,10 @@ class EnsembleLinear(nn.Module):
         nn.init.uniform_(self.weight, -bound, bound)
         nn.init.uniform_(self.bias, -bound, bound)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.baddbmm(self.bias, x, self.weight)
+    def forward(self, x: torch.Tensor, members: slice | int | None = None) -> torch.Tensor:
+        if members is None:
+            return torch.baddbmm(self.bias, x, self.weight)
+        return torch.baddbmm(self.bias[members], x, self.weight[members])
 
 
 class _EnsembleLayerNorm(nn.Module):
@@ -88,8 +110,10 @@ class _EnsembleLayerNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(n_members, 1, width))
         self.bias = nn.Parameter(torch.zeros(n_members, 1, width))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.layer_norm(x, x.shape[-1:]) * self.weight + self.bias
+    def forward(self, x: torch.Tensor, members: slice | int | None = None) -> torch.Tensor:
+        if members is None:
+            return F.layer_norm(x, x.shape[-1:]) * self.weight + self.bias
+        return F.layer_norm(x, x.shape[-1:]) * self.weight[members] + self.bias[members]
 
 
 class EnsembleMLP(nn.Module):
@@ -117,10 +141,21 @@ class EnsembleMLP(nn.Module):
         layers.append(EnsembleLinear(n_members, last, out_dim))
         self.layers = nn.Sequential(*layers)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, members: slice | None = None) -> torch.Tensor:
+        """`members` (a slice, e.g. `slice(0, 1)`) evaluates only those members."""
+        n = self.n_members if members is None else len(range(self.n_members)[members])
         if x.dim() == 2:
-            x = x.unsqueeze(0).expand(self.n_members, -1, -1)
-        return self.layers(x)
+            x = x.unsqueeze(0).expand(n, -1, -1)
+        layers = self.layers
+        last = len(layers) - 1
+        for i, layer in enumerate(layers):
+            if i == last:
+                x = _fp32_head(lambda h: layer(h, members), x)
+            elif isinstance(layer, (EnsembleLinear, _EnsembleLayerNorm)):
+                x = layer(x, members)
+            else:
+                x = layer(x)
+        return x
 
 
 class QEnsemble(nn.Module):
@@ -144,10 +179,11 @@ class QEnsemble(nn.Module):
         self.n_critics = n_critics
         self.net = EnsembleMLP(n_critics, observation_dim + action_dim, 1, hidden_dims, activation, layer_norm)
 
-    def forward(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+    def forward(self, obs: torch.Tensor, actions: torch.Tensor, members: slice | None = None) -> torch.Tensor:
+        """Q-values (n_critics, *leading); `members` (a slice) evaluates only those critics."""
         lead = obs.shape[:-1]
         x = torch.cat([obs, actions], dim=-1).reshape(-1, obs.shape[-1] + actions.shape[-1])
-        return self.net(x).reshape(self.n_critics, *lead)
+        return self.net(x, members).reshape(-1, *lead)
 
 
 class ValueNetwork(nn.Module):
@@ -218,6 +254,17 @@ class TanhGaussianPolicy(_ScaledPolicy):
         u = mean if deterministic else mean + log_std.exp() * torch.randn_like(mean)
         action = self.to_env(torch.tanh(u))
         return action, (self._squashed_log_prob(u, mean, log_std) if with_log_prob else None)
+
+    def sample_from_params(self, mean: torch.Tensor, log_std: torch.Tensor, n_samples: int
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`n_samples` reparameterised actions per row from `distribution_params` output.
+
+        Returns actions (n_samples, *mean.shape) and log-probs (n_samples, *mean.shape[:-1]).
+        One network pass serves many samples (CQL draws 10 actions per state).
+        """
+        noise = torch.randn((n_samples, *mean.shape), dtype=mean.dtype, device=mean.device)
+        u = mean + log_std.exp() * noise
+        return self.to_env(torch.tanh(u)), self._squashed_log_prob(u, mean, log_std)
 
     def log_prob(self, obs: torch.Tensor, actions: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
         """log pi(a | s) of given env-unit actions."""

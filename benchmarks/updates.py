@@ -1,0 +1,195 @@
+"""Gradient updates per second and roofline fraction of the offline algorithms.
+
+    python benchmarks/updates.py                       # all algorithms, fp32 and bf16, eager
+    python benchmarks/updates.py --compile             # also torch.compile'd updates
+    python benchmarks/updates.py --algos CQL --precision bf16 --repeats 9
+
+Each configuration trains through the real `fit` loop (sampling from a
+dataset held as tensors, `log_every` = one timed chunk) on a synthetic
+dataset with Hopper's dimensions (11-d observations, 3-d actions), batch
+256 and 256x256 networks for every algorithm.
+
+Roofline fraction = achieved FLOP/s of the update / FLOP/s of a plain fp32
+256x256 @ 256x256 matmul loop measured in the same process.  FLOPs are the
+matmul FLOPs of one update (forward and backward, counted by
+`torch.utils.flop_counter` on an eager fp32 update, averaged over two steps
+so TD3+BC's delayed actor counts half).  Each timed chunk of updates is
+followed by a reference window of the same length, and the fraction is the
+median over chunks of the two rates' ratio, so both sides see the same load
+on a shared machine.  updates/s is the median chunk's (best chunk printed
+too).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from offrl.algos import BC, CQL, IQL, CalQL, TD3PlusBC  # noqa: E402
+from offrl.datasets import Dataset  # noqa: E402
+
+ALGORITHMS = {"BC": BC, "TD3PlusBC": TD3PlusBC, "IQL": IQL, "CQL": CQL, "CalQL": CalQL}
+# updates per timed chunk (about 0.1-0.3 s each)
+CHUNK = {"BC": 200, "TD3PlusBC": 100, "IQL": 100, "CQL": 6, "CalQL": 6}
+
+
+def synthetic_dataset(n: int = 100_000, obs_dim: int = 11, act_dim: int = 3, episode_length: int = 1000,
+                      seed: int = 0) -> Dataset:
+    rng = np.random.default_rng(seed)
+    obs = rng.normal(size=(n, obs_dim)).astype(np.float32)
+    actions = rng.uniform(-1, 1, size=(n, act_dim)).astype(np.float32)
+    rewards = rng.normal(size=n).astype(np.float32)
+    timeouts = (np.arange(n) % episode_length) == episode_length - 1
+    return Dataset.from_arrays(obs, actions, rewards, timeouts=timeouts,
+                               next_observations=obs + 0.01 * rng.normal(size=obs.shape).astype(np.float32),
+                               action_low=-1.0, action_high=1.0, metadata={"name": "synthetic-hopper-dims"})
+
+
+class MatmulReference:
+    """FLOP/s of a plain 256x256 @ 256x256 matmul loop, measured in windows as long as the timed chunks."""
+
+    def __init__(self, dtype: torch.dtype, n: int = 256) -> None:
+        self.a = torch.randn(n, n).to(dtype)
+        self.b = torch.randn(n, n).to(dtype)
+        self.flops = 2 * n**3
+        self.rates: list[float] = []
+        for _ in range(5):
+            torch.mm(self.a, self.b)
+
+    def measure(self, duration: float) -> float:
+        """Run the loop for about `duration` seconds (at least 20 matmuls); returns and records FLOP/s."""
+        a, b = self.a, self.b
+        count, start = 0, time.perf_counter()
+        while True:
+            for _ in range(10):
+                torch.mm(a, b)
+            count += 10
+            elapsed = time.perf_counter() - start
+            if count >= 20 and elapsed >= duration:
+                break
+        rate = self.flops * count / elapsed
+        self.rates.append(rate)
+        return rate
+
+    @property
+    def best(self) -> float:
+        return max(self.rates)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.rates)
+
+
+def update_flops(name: str, dataset: Dataset, batch_size: int) -> float:
+    """Matmul FLOPs of one update (eager fp32, mean over two consecutive steps)."""
+    algo = ALGORITHMS[name](hidden_dims=(256, 256), batch_size=batch_size, device="cpu", random_state=0)
+    algo.fit(dataset, n_steps=2, progress=False)  # builds networks and optimiser state
+    from offrl.algos.base import _PackedSampler
+
+    sampler = _PackedSampler(algo._training_columns(dataset))
+    generator = torch.Generator().manual_seed(1)
+    with FlopCounterMode(display=False) as counter:
+        for step in (2, 3):
+            algo._update(sampler(torch.randint(dataset.n_transitions, (batch_size,), generator=generator)), step)
+    return counter.get_total_flops() / 2
+
+
+def time_config(name: str, dataset: Dataset, batch_size: int, precision: str, compile_: bool, repeats: int,
+                warmup_chunks: int, reference: MatmulReference, flops: float) -> dict:
+    """Time `repeats` chunks of the real fit loop, each followed by a reference window of the same length.
+
+    The roofline fraction is the median over chunks of (update FLOP/s in the chunk) / (reference FLOP/s
+    in the window right after it), so both sides see the same machine load.
+    """
+    chunk = CHUNK[name]
+    algo = ALGORITHMS[name](hidden_dims=(256, 256), batch_size=batch_size, precision=precision, compile=compile_,
+                            device="cpu", random_state=0)
+    times: list[float] = []
+    ratios: list[float] = []
+    state = {"t": None}
+
+    def callback(_algo, step, _metrics):
+        elapsed = time.perf_counter() - state["t"]
+        if step > warmup_chunks * chunk:
+            times.append(elapsed)
+            ratios.append(flops * chunk / elapsed / reference.measure(elapsed))
+        state["t"] = time.perf_counter()
+
+    state["t"] = time.perf_counter()
+    started = time.perf_counter()
+    algo.fit(dataset, n_steps=(warmup_chunks + repeats) * chunk, log_every=chunk, callbacks=[callback], progress=False)
+    return {"updates_per_s": chunk / statistics.median(times), "updates_per_s_best": chunk / min(times),
+            "roofline_fp32": statistics.median(ratios), "roofline_fp32_best_chunk": max(ratios),
+            "wall_s": time.perf_counter() - started}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--algos", default=",".join(ALGORITHMS), help="comma-separated subset of " + ",".join(ALGORITHMS))
+    parser.add_argument("--precision", default="fp32,bf16", help="fp32, bf16 or both")
+    parser.add_argument("--compile", action="store_true", help="also time torch.compile'd updates")
+    parser.add_argument("--only-compile", action="store_true", help="time only torch.compile'd updates")
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=7, help="timed chunks per configuration")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed chunks first (compilation, caches)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--json", default=None, help="also write the results to this JSON file")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    names = [n.strip() for n in args.algos.split(",") if n.strip()]
+    unknown = [n for n in names if n not in ALGORITHMS]
+    if unknown:
+        parser.error(f"unknown algorithm(s) {unknown}; choose from {list(ALGORITHMS)}")
+    precisions = [p.strip() for p in args.precision.split(",") if p.strip()]
+    compiles = [True] if args.only_compile else ([False, True] if args.compile else [False])
+
+    dataset = synthetic_dataset()
+    reference = MatmulReference(torch.float32)
+    bf16_reference = MatmulReference(torch.bfloat16)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {platform.processor() or platform.machine()}, "
+          f"batch {args.batch_size}, 256x256 networks, obs 11 / act 3")
+    print(f"{'algorithm':<10} {'precision':<9} {'compile':<7} {'upd/s':>8} {'best':>8} {'MFLOP/upd':>10} "
+          f"{'GFLOP/s':>8} {'roofline':>8}")
+    results = []
+    for name in names:
+        flops = update_flops(name, dataset, args.batch_size)
+        for compile_ in compiles:
+            for precision in precisions:
+                timing = time_config(name, dataset, args.batch_size, precision, compile_, args.repeats, args.warmup,
+                                     reference, flops)
+                row = {"algorithm": name, "precision": precision, "compile": compile_, "flops_per_update": flops,
+                       **timing, "gflops": flops * timing["updates_per_s"] / 1e9}
+                results.append(row)
+                print(f"{name:<10} {precision:<9} {str(compile_):<7} {row['updates_per_s']:>8.1f} "
+                      f"{row['updates_per_s_best']:>8.1f} {flops / 1e6:>10.1f} {row['gflops']:>8.1f} "
+                      f"{row['roofline_fp32']:>8.1%}", flush=True)
+    bf16_reference.measure(0.2)
+    reference.measure(0.2)
+    print(f"reference matmul 256x256x256: fp32 median {reference.median / 1e9:.1f} GFLOP/s (best {reference.best / 1e9:.1f}), "
+          f"bf16 {bf16_reference.median / 1e9:.1f} GFLOP/s")
+    print("upd/s: median chunk; roofline: median over chunks of update FLOP/s / fp32 matmul FLOP/s in the window "
+          "right after the chunk (bf16 rows too)")
+    if args.json:
+        payload = {"torch": torch.__version__, "threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
+                   "reference_gflops_median": {"fp32": reference.median / 1e9, "bf16": bf16_reference.median / 1e9},
+                   "results": results}
+        Path(args.json).write_text(json.dumps(payload, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,162 @@
+"""Implicit Q-learning (Kostrikov, Nair & Levine, 2022).
+
+    value:   L_V = E |tau - 1(u < 0)| u^2,               u = min_i Q'_i(s, a) - V(s)
+    actor:   L_pi = -E min(exp(beta (min_i Q'_i(s, a) - V(s))), 100) log pi(a | s)
+    critic:  L_Q = sum_i E (r + gamma (1 - d) V(s') - Q_i(s, a))^2
+
+in the official order V, pi, Q (the actor and the critic see the value
+network just updated), then a Polyak update of the target critics.
+Defaults are the paper's locomotion settings: expectile 0.7, beta 3.0,
+256x256 networks, Adam 3e-4 with cosine decay of the actor's learning rate
+over the run, batch 256, gamma 0.99, tau 0.005, and rewards scaled by
+1000 / (max episode return - min episode return).  AntMaze, Kitchen and
+Adroit settings are in `offrl.algos.presets` (`IQL.from_preset(name)`).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any, Sequence
+
+import torch
+
+from offrl.algos.base import OfflineAlgorithm, make_adam
+from offrl.datasets.core import Batch
+from offrl.nn import GaussianPolicy, QEnsemble, ValueNetwork, soft_update_
+
+__all__ = ["IQL", "expectile_loss", "awr_actor_loss", "iql_critic_loss"]
+
+
+def expectile_loss(diff: torch.Tensor, expectile: float) -> torch.Tensor:
+    """E |tau - 1(diff < 0)| diff^2: an asymmetric L2 whose minimiser is the tau-expectile."""
+    weight = torch.where(diff > 0, expectile, 1.0 - expectile)
+    return (weight * diff**2).mean()
+
+
+def awr_actor_loss(advantage: torch.Tensor, log_prob: torch.Tensor, beta: float, max_weight: float = 100.0
+                   ) -> torch.Tensor:
+    """Advantage-weighted regression: -E min(exp(beta A), max_weight) log pi(a|s), weights not differentiated."""
+    weight = torch.exp(beta * advantage.detach()).clamp(max=max_weight)
+    return -(weight * log_prob).mean()
+
+
+def iql_critic_loss(q: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """sum_i E (target - Q_i)^2 with q of shape (n_critics, batch)."""
+    return ((q - target) ** 2).mean(dim=1).sum()
+
+
+class IQL(OfflineAlgorithm):
+    """Implicit Q-learning with a state-independent-std Gaussian actor (tanh mean)."""
+
+    def __init__(
+        self,
+        *,
+        expectile: float = 0.7,
+        temperature: float = 3.0,
+        hidden_dims: Sequence[int] = (256, 256),
+        actor_lr: float = 3e-4,
+        critic_lr: float = 3e-4,
+        value_lr: float = 3e-4,
+        actor_lr_schedule: str | None = "cosine",
+        batch_size: int = 256,
+        gamma: float = 0.99,
+        tau: float = 0.005,
+        dropout: float = 0.0,
+        max_weight: float = 100.0,
+        n_steps: int = 1_000_000,
+        normalize_observations: bool = True,
+        reward_normalization: str | None = "return_range",
+        reward_scale: float = 1.0,
+        reward_bias: float = 0.0,
+        precision: str = "fp32",
+        compile: bool | str = False,
+        device: str = "auto",
+        random_state: Any = None,
+    ) -> None:
+        self.expectile = expectile
+        self.temperature = temperature
+        self.hidden_dims = hidden_dims
+        self.actor_lr = actor_lr
+        self.critic_lr = critic_lr
+        self.value_lr = value_lr
+        self.actor_lr_schedule = actor_lr_schedule
+        self.batch_size = batch_size
+        self.gamma = gamma
+        self.tau = tau
+        self.dropout = dropout
+        self.max_weight = max_weight
+        self.n_steps = n_steps
+        self.normalize_observations = normalize_observations
+        self.reward_normalization = reward_normalization
+        self.reward_scale = reward_scale
+        self.reward_bias = reward_bias
+        self.precision = precision
+        self.compile = compile
+        self.device = device
+        self.random_state = random_state
+
+    def _build(self, spec: dict[str, Any]) -> None:
+        if self.actor_lr_schedule not in (None, "cosine"):
+            raise ValueError(f"actor_lr_schedule must be 'cosine' or None, got {self.actor_lr_schedule!r}")
+        device = self.device_
+        obs_dim, act_dim, hidden = spec["observation_dim"], spec["action_dim"], tuple(self.hidden_dims)
+        self.policy_ = GaussianPolicy(obs_dim, act_dim, hidden, spec["action_low"], spec["action_high"],
+                                      dropout=self.dropout).to(device)
+        self.critic_ = QEnsemble(obs_dim, act_dim, n_critics=2, hidden_dims=hidden).to(device)
+        self.critic_target_ = copy.deepcopy(self.critic_).requires_grad_(False)
+        self.value_ = ValueNetwork(obs_dim, hidden).to(device)
+        self.actor_optimizer_ = make_adam(self.policy_.parameters(), self.actor_lr, device)
+        self.critic_optimizer_ = make_adam(self.critic_.parameters(), self.critic_lr, device)
+        self.value_optimizer_ = make_adam(self.value_.parameters(), self.value_lr, device)
+        # The cosine schedule spans the run being fitted (restored from the model file on load).
+        self.lr_schedule_steps_ = max(int(getattr(self, "_fit_n_steps", self.n_steps)), 1)
+        self._value_loss = self._maybe_compile(self._value_loss_eager)
+        self._actor_critic_loss = self._maybe_compile(self._actor_critic_loss_eager)
+
+    # ------------------------------------------------------------------ losses on a batch
+    def _value_loss_eager(self, obs, actions):
+        with self._autocast():
+            with torch.no_grad():
+                target_q = self.critic_target_(obs, actions).min(0).values
+            v = self.value_(obs)
+            return expectile_loss(target_q - v, self.expectile), target_q
+
+    def _actor_critic_loss_eager(self, obs, actions, rewards, terminals, next_obs, target_q):
+        with self._autocast():
+            with torch.no_grad():  # the value network just updated, on s and s' in one pass
+                v, next_v = self.value_(torch.cat([obs, next_obs])).chunk(2)
+            actor_loss = awr_actor_loss(target_q - v, self.policy_.log_prob(obs, actions), self.temperature,
+                                        self.max_weight)
+            q = self.critic_(obs, actions)
+            critic_loss = iql_critic_loss(q, rewards + self.gamma * (1.0 - terminals) * next_v)
+        return actor_loss, critic_loss, v.mean()
+
+    # ------------------------------------------------------------------ one step
+    def _update(self, batch: Batch, step: int) -> dict[str, torch.Tensor]:
+        obs, actions = batch.observations, batch.actions
+        value_loss, target_q = self._value_loss(obs, actions)
+        self.value_optimizer_.zero_grad(set_to_none=True)
+        value_loss.backward()
+        self.value_optimizer_.step()
+
+        actor_loss, critic_loss, v_mean = self._actor_critic_loss(obs, actions, batch.rewards, batch.terminals,
+                                                                  batch.next_observations, target_q)
+        # Actor and critic losses share no parameters: one backward pass serves both.
+        self.actor_optimizer_.zero_grad(set_to_none=True)
+        self.critic_optimizer_.zero_grad(set_to_none=True)
+        (actor_loss + critic_loss).backward()
+        if self.actor_lr_schedule == "cosine":
+            progress = min(step, self.lr_schedule_steps_) / self.lr_schedule_steps_
+            self.actor_optimizer_.param_groups[0]["lr"] = self.actor_lr * 0.5 * (1.0 + math.cos(math.pi * progress))
+        self.actor_optimizer_.step()
+        self.critic_optimizer_.step()
+        soft_update_(self.critic_target_, self.critic_, self.tau)
+        return {"value_loss": value_loss.detach(), "actor_loss": actor_loss.detach(),
+                "critic_loss": critic_loss.detach(), "v_mean": v_mean.detach()}
+
+    def _act(self, obs: torch.Tensor, deterministic: bool) -> torch.Tensor:
+        return self.policy_(obs, deterministic=deterministic, with_log_prob=False)[0]
+
+    def _value(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        return self.critic_(obs, actions).min(0).values

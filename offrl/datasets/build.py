@@ -1,0 +1,1139 @@
+"""D4RL's recipe on any gymnasium continuous-control env, with no download.
+
+`build("hopper-medium-v5")` trains SAC online on `Hopper-v5` once per
+(env, seed, budget), keeping a snapshot of the policy at every evaluation
+point, and collects the D4RL kinds from that one run:
+
+- random: a uniform policy;
+- medium: the snapshot whose (sampled-action) evaluation return lies closest
+  to one third of the way from the random policy's return to the expert's;
+- expert: the final policy;
+- medium-replay: the run's replay buffer up to the medium snapshot;
+- medium-expert: medium and expert concatenated.
+
+Actions are sampled from the policies (not their means) and every transition
+records the behaviour policy's log-probability of its action (a uniform
+density for random actions).  Reference scores are the random and expert
+policies' mean returns over `ref_episodes` episodes and are stored as Minari's
+ref_min_score / ref_max_score.
+
+Layout under `$OFFRL_DATA_DIR` (default `~/.offrl/datasets`), which is also
+the Minari root for these datasets::
+
+    offrl/<env>-v<N>/<variant>/<kind>-v0/data/   Minari datasets (minari.load_dataset)
+    .builds/<env>-v<N>/<run variant>/           the SAC run: run.json, sac_checkpoint.pt,
+                                                snapshots/, policies/{medium,expert}.pt
+    .tmp/                                       datasets being written (renamed into place)
+
+`<variant>` is `seed<S>` for the default budget, with `-sac<steps>`,
+`-n<transitions>`, `-e<envs>` and a config hash appended for non-default
+settings.  A build interrupted in SAC training resumes from its last
+checkpoint (at an episode boundary) to the same result; a dataset appears
+only once completely written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+import re
+import shutil
+import sys
+import time
+import types
+import uuid
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import numpy as np
+import torch
+
+from offrl.datasets.core import Dataset, atomic_write_path
+
+__all__ = [
+    "KINDS",
+    "ENV_IDS",
+    "BUILD_DEFAULTS",
+    "BuildReport",
+    "build",
+    "run_build",
+    "load_built",
+    "parse_name",
+    "list_built",
+    "known_datasets",
+]
+
+KINDS = ("random", "medium", "expert", "medium-replay", "medium-expert")
+
+# Lower-case names (hyphens and underscores ignored) -> gymnasium env names (the version comes from the dataset name).
+ENV_IDS = {
+    "pendulum": "Pendulum",
+    "invertedpendulum": "InvertedPendulum",
+    "inverteddoublependulum": "InvertedDoublePendulum",
+    "reacher": "Reacher",
+    "swimmer": "Swimmer",
+    "hopper": "Hopper",
+    "halfcheetah": "HalfCheetah",
+    "walker2d": "Walker2d",
+    "ant": "Ant",
+    "humanoid": "Humanoid",
+}
+
+# Per-env budgets: SAC environment steps (one update each after the warm-up), transitions per collected kind,
+# evaluation/snapshot interval, and SAC hyper-parameters that differ from the paper's defaults.
+# Pendulum is solved (about -150) within ~10k steps; the MuJoCo locomotion tasks get D4RL's 1M steps.
+BUILD_DEFAULTS: dict[str, dict[str, Any]] = {
+    "pendulum": {"sac_steps": 15_000, "n_transitions": 1_000_000, "eval_every": 250},
+    "invertedpendulum": {"sac_steps": 30_000, "n_transitions": 1_000_000, "eval_every": 500},
+    "inverteddoublependulum": {"sac_steps": 100_000, "n_transitions": 1_000_000, "eval_every": 1_000},
+    "reacher": {"sac_steps": 200_000, "n_transitions": 1_000_000, "eval_every": 2_000},
+    "swimmer": {"sac_steps": 1_000_000, "n_transitions": 1_000_000, "eval_every": 10_000},
+    "hopper": {"sac_steps": 1_000_000, "n_transitions": 1_000_000, "eval_every": 10_000},
+    "halfcheetah": {"sac_steps": 1_000_000, "n_transitions": 1_000_000, "eval_every": 10_000},
+    "walker2d": {"sac_steps": 1_000_000, "n_transitions": 1_000_000, "eval_every": 10_000},
+    "ant": {"sac_steps": 1_000_000, "n_transitions": 1_000_000, "eval_every": 10_000},
+    "humanoid": {"sac_steps": 1_000_000, "n_transitions": 1_000_000, "eval_every": 10_000},
+}
+_GENERIC_DEFAULTS: dict[str, Any] = {"sac_steps": 1_000_000, "n_transitions": 1_000_000}
+_N_EVALS = 100  # snapshots per run when eval_every is not set (for non-default budgets)
+MEDIUM_SCORE = 100.0 / 3.0  # D4RL's medium: a third of the way from random to expert
+DATASET_VERSION = 0  # the `-v0` of the Minari ids; bump when the recipe changes the data
+NAMESPACE = "offrl"
+DEFAULT_N_ENVS = 32
+DEFAULT_EVAL_EPISODES = 10
+DEFAULT_REF_EPISODES = 100
+_MIN_LEARNING_EVALS = 3
+_MIN_UPDATES = 1000  # no SAC run reaches a medium policy on these tasks in fewer gradient steps
+# Independent random streams (env resets, action noise) of one build.
+_EVAL, _REF, _COLLECT = 2, 3, 4
+_KIND_STREAM = {"random": 0, "medium": 1, "expert": 2}
+
+
+# ---------------------------------------------------------------------- names
+@dataclass(frozen=True)
+class BuildTarget:
+    """A parsed dataset name: which env and which kinds."""
+
+    name: str
+    env: str  # short lower-case env name as used in the dataset name
+    env_id: str  # gymnasium id
+    version: int
+    kinds: tuple[str, ...]
+
+    @property
+    def env_key(self) -> str:
+        return f"{self.env}-v{self.version}"
+
+    def dataset_name(self, kind: str) -> str:
+        return f"{self.env}-{kind}-v{self.version}"
+
+
+def _normalise_env(text: str) -> str:
+    return re.sub(r"[-_ ]", "", text.lower())
+
+
+def parse_name(name: str, env_id: str | None = None) -> BuildTarget:
+    """Split `<env>-<kind>-v<env version>` and find the gymnasium env.
+
+    The kind may be `*` or `all` for all five kinds.  Known lower-case env
+    names map to gymnasium ids (`hopper` -> `Hopper-v<N>`); other names are
+    looked up in gymnasium's registry ignoring case, hyphens and
+    underscores; `env_id` names the gymnasium id explicitly (its version
+    must agree with the name's).
+    """
+    import gymnasium as gym
+
+    if not isinstance(name, str):
+        raise TypeError(f"dataset name must be a string like 'hopper-medium-v5', got {type(name).__name__}")
+    match = re.fullmatch(r"(?P<stem>.+)-v(?P<version>\d+)", name.strip())
+    if not match or "-" not in match["stem"]:
+        raise ValueError(f"dataset name {name!r} must look like '<env>-<kind>-v<env version>', e.g. 'hopper-medium-v5' "
+                         f"(kinds: {', '.join(KINDS)}, or '*' for all)")
+    stem, version = match["stem"], int(match["version"])
+    kinds_pattern = "|".join(re.escape(k) for k in sorted(KINDS + ("*", "all"), key=len, reverse=True))
+    kind_match = re.fullmatch(rf"(?P<env>.+?)-(?P<kind>{kinds_pattern})", stem)
+    if not kind_match:
+        env_guess, _, kind_guess = stem.rpartition("-")
+        raise ValueError(
+            f"unknown dataset kind {kind_guess!r} in {name!r}; choose one of {', '.join(KINDS)} (or '*' for all), "
+            f"e.g. '{env_guess or stem}-medium-v{version}'"
+        )
+    env, kind = kind_match["env"].lower(), kind_match["kind"]
+    kinds = KINDS if kind in ("*", "all") else (kind,)
+    key = _normalise_env(env)
+    if env_id is not None:
+        if env_id not in gym.registry:
+            raise ValueError(f"env_id {env_id!r} is not a registered gymnasium environment; import the package that registers it")
+        spec_version = gym.spec(env_id).version
+        if spec_version is not None and spec_version != version:
+            raise ValueError(f"{name!r} asks for env version v{version} but env_id {env_id!r} is v{spec_version}; make them agree")
+        resolved = env_id
+    else:
+        base = ENV_IDS.get(key)
+        if base is None:
+            matches = sorted({s.name for s in gym.registry.values() if s.namespace is None and _normalise_env(s.name) == key})
+            if not matches:
+                raise ValueError(
+                    f"unknown environment {env!r} in {name!r}: known names are {', '.join(sorted(ENV_IDS))}, or any "
+                    "gymnasium env name (e.g. 'mountaincarcontinuous-medium-v0'); pass env_id='Package/Env-vN' for others"
+                )
+            base = matches[0]
+        resolved = f"{base}-v{version}"
+        if resolved not in gym.registry:
+            versions = sorted(s.version for s in gym.registry.values() if s.name == base and s.namespace is None
+                              and s.version is not None)
+            raise ValueError(
+                f"{resolved} is not registered in gymnasium (versions of {base}: "
+                f"{', '.join(f'v{v}' for v in versions) or 'none'}); use one of those versions in {name!r}"
+            )
+    return BuildTarget(name=name, env=re.sub(r"[^a-z0-9_]", "", env.replace("-", "")) or key, env_id=resolved,
+                       version=version, kinds=kinds)
+
+
+def _check_env(env_id: str) -> dict[str, Any]:
+    """Make the env once: a clear error for missing dependencies and for non-Box action spaces."""
+    import gymnasium as gym
+
+    from offrl.algos.sac import SAC
+
+    try:
+        env = gym.make(env_id)
+    except Exception as err:
+        raise ValueError(f"cannot make gymnasium env {env_id!r} ({type(err).__name__}: {err})") from err
+    try:
+        if not isinstance(env.action_space, gym.spaces.Box):
+            raise ValueError(
+                f"{env_id} has a {type(env.action_space).__name__} action space ({env.action_space}); offrl.datasets.build "
+                "trains SAC, which needs a continuous (Box) action space"
+            )
+        spec = SAC.spec_from_env(env)
+        spec["max_episode_steps"] = env.spec.max_episode_steps if env.spec is not None else None
+        return spec
+    finally:
+        env.close()
+
+
+# ---------------------------------------------------------------------- configuration
+def _sac_defaults() -> dict[str, Any]:
+    from offrl.algos.sac import SAC
+
+    params = SAC().get_params()
+    for key in ("n_steps", "random_state", "device"):
+        params.pop(key)
+    params["hidden_dims"] = [int(h) for h in params["hidden_dims"]]
+    return params
+
+
+def _digest(value: Any, n: int = 8) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:n]
+
+
+@dataclass
+class _Config:
+    target: BuildTarget
+    seed: int
+    sac_steps: int
+    n_transitions: int
+    eval_every: int
+    eval_episodes: int
+    ref_episodes: int
+    n_envs: int
+    sac_params: dict[str, Any]  # full SAC hyper-parameters
+    checkpoint_every: int
+    device: str
+    run_variant: str = ""
+    data_variant: str = ""
+
+    def run_config(self) -> dict[str, Any]:
+        """Everything that determines the SAC run (and so the snapshots and reference scores)."""
+        return {
+            "env_id": self.target.env_id,
+            "seed": self.seed,
+            "sac_steps": self.sac_steps,
+            "eval_every": self.eval_every,
+            "eval_episodes": self.eval_episodes,
+            "ref_episodes": self.ref_episodes,
+            # Only what differs from SAC's own defaults, so a new SAC hyper-parameter does not invalidate caches.
+            "sac_params": {k: v for k, v in self.sac_params.items() if _sac_defaults().get(k, object()) != v},
+            "version": DATASET_VERSION,
+        }
+
+    def data_config(self) -> dict[str, Any]:
+        return {**self.run_config(), "n_transitions": self.n_transitions, "n_envs": self.n_envs}
+
+    def namespace(self) -> str:
+        return f"{NAMESPACE}/{self.target.env_key}/{self.data_variant}"
+
+    def dataset_id(self, kind: str) -> str:
+        return f"{self.namespace()}/{kind}-v{DATASET_VERSION}"
+
+
+def _make_config(
+    target: BuildTarget,
+    *,
+    n_transitions: int | None,
+    seed: int,
+    sac_steps: int | None,
+    eval_every: int | None,
+    eval_episodes: int,
+    ref_episodes: int,
+    sac_params: Mapping[str, Any] | None,
+    n_envs: int,
+    checkpoint_every: int | None,
+    device: str,
+) -> _Config:
+    defaults = BUILD_DEFAULTS.get(_normalise_env(target.env), _GENERIC_DEFAULTS)
+    default_steps = int(defaults["sac_steps"])
+    default_n = int(defaults["n_transitions"])
+    sac_steps = default_steps if sac_steps is None else int(sac_steps)
+    n_transitions = default_n if n_transitions is None else int(n_transitions)
+    if int(seed) != seed or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    seed = int(seed)
+    if n_transitions < 1:
+        raise ValueError(f"n_transitions must be at least 1, got {n_transitions}")
+    if eval_episodes < 10 or ref_episodes < 10:
+        raise ValueError(f"eval_episodes and ref_episodes must be at least 10 (got {eval_episodes}, {ref_episodes}); "
+                         "D4RL-style reference scores need at least 10 evaluation episodes")
+    if n_envs < 1:
+        raise ValueError(f"n_envs must be at least 1, got {n_envs}")
+    base = _sac_defaults()
+    base.update(defaults.get("sac_params", {}))
+    user = dict(sac_params or {})
+    unknown = sorted(set(user) - set(base))
+    if unknown:
+        raise ValueError(f"unknown SAC parameter(s) {unknown} in sac_params; SAC takes {sorted(base)}")
+    if "buffer_size" in user and int(user["buffer_size"]) < sac_steps:
+        raise ValueError(f"sac_params buffer_size={user['buffer_size']} is smaller than sac_steps={sac_steps}; "
+                         "medium-replay needs the whole run's replay buffer")
+    params = {**base, **user, "buffer_size": sac_steps}
+    if "hidden_dims" in params:
+        params["hidden_dims"] = [int(h) for h in params["hidden_dims"]]
+    learning_starts = int(params["learning_starts"])
+    default_eval_every = int(defaults.get("eval_every", 0)) if sac_steps == default_steps else 0
+    eval_every = int(eval_every or default_eval_every or max(sac_steps // _N_EVALS, 1))
+    if eval_every < 1:
+        raise ValueError(f"eval_every must be at least 1, got {eval_every}")
+    # A medium policy needs training beyond the warm-up and a few evaluated snapshots to choose from.
+    learning_evals = sum(1 for s in range(eval_every, sac_steps + 1, eval_every) if s > learning_starts)
+    if sac_steps - learning_starts < _MIN_UPDATES or learning_evals < _MIN_LEARNING_EVALS:
+        need = learning_starts + max(_MIN_UPDATES, _MIN_LEARNING_EVALS * eval_every)
+        raise ValueError(
+            f"a SAC budget of sac_steps={sac_steps} is too small to reach a medium policy: SAC takes "
+            f"{learning_starts} random warm-up steps, leaving {max(sac_steps - learning_starts, 0)} gradient steps "
+            f"(at least {_MIN_UPDATES} are needed) and {learning_evals} evaluated snapshot(s) every {eval_every} steps "
+            f"(at least {_MIN_LEARNING_EVALS}). Use sac_steps >= {need} (the default for {target.env} is "
+            f"{default_steps:,}), or lower sac_params['learning_starts'] / eval_every for a quick build"
+        )
+    cfg = _Config(
+        target=target, seed=seed, sac_steps=sac_steps, n_transitions=n_transitions, eval_every=eval_every,
+        eval_episodes=int(eval_episodes), ref_episodes=int(ref_episodes), n_envs=int(n_envs), sac_params=params,
+        checkpoint_every=int(checkpoint_every or max(sac_steps // 20, 1)), device=device,
+    )
+    # Readable variants: seed, then whatever differs from the defaults.
+    default_cfg = _Config(
+        target=target, seed=seed, sac_steps=sac_steps, n_transitions=default_n,
+        eval_every=int(default_eval_every or max(sac_steps // _N_EVALS, 1)), eval_episodes=DEFAULT_EVAL_EPISODES,
+        ref_episodes=DEFAULT_REF_EPISODES, n_envs=DEFAULT_N_ENVS, sac_params={**base, "buffer_size": sac_steps},
+        checkpoint_every=0, device=device,
+    )
+    run_variant = f"seed{seed}" + ("" if sac_steps == default_steps else f"-sac{sac_steps}")
+    if cfg.run_config() != default_cfg.run_config():
+        run_variant += "-" + _digest(cfg.run_config())
+    data_variant = run_variant + ("" if n_transitions == default_n else f"-n{n_transitions}")
+    data_variant += "" if n_envs == DEFAULT_N_ENVS else f"-e{n_envs}"
+    cfg.run_variant, cfg.data_variant = run_variant, data_variant
+    return cfg
+
+
+# ---------------------------------------------------------------------- roll-outs
+Actor = Callable[[np.ndarray], "tuple[np.ndarray, np.ndarray]"]
+
+
+def _uniform_actor(spec: Mapping[str, Any], generator: torch.Generator) -> Actor:
+    low = torch.as_tensor(spec["action_low"], dtype=torch.float32)
+    high = torch.as_tensor(spec["action_high"], dtype=torch.float32)
+    log_prob = float(-torch.log(high - low).sum())
+
+    def act(obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        u = torch.rand((len(obs), len(low)), generator=generator)
+        return (low + (high - low) * u).numpy(), np.full(len(obs), log_prob, np.float32)
+
+    return act
+
+
+def _policy_actor(sac: Any, generator: torch.Generator) -> Actor:
+    device = sac.device_
+
+    def act(obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        obs_t = sac.obs_normalizer_(torch.as_tensor(obs, dtype=torch.float32, device=device))
+        action, log_prob = sac.sample_with_log_prob(obs_t, generator)
+        return action.cpu().numpy(), log_prob.float().cpu().numpy()
+
+    return act
+
+
+def _generator(device: Any, *seed_parts: int) -> torch.Generator:
+    from offrl.algos.sac import episode_seed
+
+    generator = torch.Generator(device=device)
+    generator.manual_seed(episode_seed(*seed_parts) % 2**63)
+    return generator
+
+
+class _EnvPool:
+    """A few copies of one env stepped together, so the policy acts on batches."""
+
+    def __init__(self, env_id: str, n_envs: int) -> None:
+        import gymnasium as gym
+
+        self.env_id = env_id
+        self.envs = [gym.make(env_id) for _ in range(n_envs)]
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
+
+    def _ensure(self, n: int) -> None:
+        import gymnasium as gym
+
+        while len(self.envs) < n:
+            self.envs.append(gym.make(self.env_id))
+
+    def episode_returns(self, act: Actor, reset_seeds: Sequence[int], max_parallel: int) -> np.ndarray:
+        """Undiscounted return of one episode per reset seed (in that order)."""
+        n = len(reset_seeds)
+        m = min(n, max_parallel)
+        self._ensure(m)
+        returns = np.zeros(n)
+        queue = list(range(n))
+        current: list[int | None] = [None] * m
+        obs: list[np.ndarray | None] = [None] * m
+        for i in range(m):
+            current[i] = queue.pop(0)
+            obs[i] = self.envs[i].reset(seed=int(reset_seeds[current[i]]))[0]
+        while any(c is not None for c in current):
+            active = [i for i in range(m) if current[i] is not None]
+            actions, _ = act(np.stack([np.asarray(obs[i], np.float32) for i in active]))
+            for j, i in enumerate(active):
+                next_obs, reward, terminated, truncated, _ = self.envs[i].step(actions[j])
+                returns[current[i]] += float(reward)
+                if terminated or truncated:
+                    if queue:
+                        current[i] = queue.pop(0)
+                        obs[i] = self.envs[i].reset(seed=int(reset_seeds[current[i]]))[0]
+                    else:
+                        current[i] = None
+                else:
+                    obs[i] = next_obs
+        return returns
+
+    def collect(self, act: Actor, n_transitions: int, n_envs: int, seed: int, stream: int,
+                spec: Mapping[str, Any], progress: bool, desc: str) -> Dataset:
+        """`n_transitions` steps from `n_envs` envs; env i fills a contiguous block of rows.
+
+        Episodes end at termination or truncation; each env's last episode is
+        cut at its share of the budget (a timeout, like D4RL's final episode).
+        """
+        from tqdm.auto import tqdm
+
+        from offrl.algos.sac import episode_seed
+
+        m = min(n_envs, n_transitions)
+        self._ensure(m)
+        budgets = np.full(m, n_transitions // m) + (np.arange(m) < n_transitions % m)
+        offsets = np.concatenate([[0], np.cumsum(budgets)[:-1]])
+        obs_dim, act_dim = int(spec["observation_dim"]), int(spec["action_dim"])
+        observations = np.empty((n_transitions, obs_dim), np.float32)
+        next_observations = np.empty((n_transitions, obs_dim), np.float32)
+        actions = np.empty((n_transitions, act_dim), np.float32)
+        rewards = np.empty(n_transitions, np.float32)
+        terminals = np.zeros(n_transitions, np.float32)
+        timeouts = np.zeros(n_transitions, np.float32)
+        ends = np.zeros(n_transitions, bool)
+        log_probs = np.empty(n_transitions, np.float32)
+        counts = np.zeros(m, np.int64)
+        episodes = np.zeros(m, np.int64)
+        obs = [self.envs[i].reset(seed=episode_seed(seed, stream, i, 0))[0] for i in range(m)]
+        bar = tqdm(total=n_transitions, desc=desc, disable=not progress, dynamic_ncols=True, unit="step", leave=False)
+        try:
+            while True:
+                active = np.flatnonzero(counts < budgets)
+                if len(active) == 0:
+                    break
+                batch_obs = np.stack([np.asarray(obs[i], np.float32) for i in active])
+                batch_actions, batch_log_probs = act(batch_obs)
+                for j, i in enumerate(active):
+                    row = offsets[i] + counts[i]
+                    next_obs, reward, terminated, truncated, _ = self.envs[i].step(batch_actions[j])
+                    observations[row] = batch_obs[j]
+                    actions[row] = batch_actions[j]
+                    log_probs[row] = batch_log_probs[j]
+                    rewards[row] = reward
+                    next_observations[row] = next_obs
+                    counts[i] += 1
+                    if terminated or truncated:
+                        terminals[row] = float(terminated)
+                        timeouts[row] = float(truncated and not terminated)
+                        ends[row] = True
+                        episodes[i] += 1
+                        obs[i] = self.envs[i].reset(seed=episode_seed(seed, stream, i, episodes[i]))[0]
+                    else:
+                        obs[i] = next_obs
+                bar.update(len(active))
+        finally:
+            bar.close()
+        cut = offsets + budgets - 1
+        cut_rows = cut[~ends[cut]]  # episodes stopped by the budget, not by the env
+        timeouts[cut] = np.where(ends[cut], timeouts[cut], 1.0)
+        ends[cut] = True
+        starts = np.concatenate([[0], np.flatnonzero(ends) + 1])
+        cut_episodes = (np.searchsorted(starts, cut_rows, side="right") - 1).tolist()
+        return Dataset(
+            observations=observations, actions=actions, rewards=rewards, terminals=terminals, timeouts=timeouts,
+            next_observations=next_observations, episode_starts=starts, behavior_log_probs=log_probs,
+            action_low=spec["action_low"], action_high=spec["action_high"], metadata={"cut_episodes": cut_episodes},
+        )
+
+
+# ---------------------------------------------------------------------- files
+def _read_json(path: Path) -> Any:
+    with open(path) as f:
+        return json.load(f)
+
+
+def _write_json(path: Path, value: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_write_path(path) as tmp, open(tmp, "w") as f:
+        json.dump(value, f, indent=1, sort_keys=True)
+
+
+@contextlib.contextmanager
+def _torch_threads(n: int | None) -> Iterator[None]:
+    """Run with `n` torch CPU threads (restored afterwards); None leaves torch's setting alone."""
+    if n is None:
+        yield
+        return
+    old = torch.get_num_threads()
+    torch.set_num_threads(int(n))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
+@contextlib.contextmanager
+def _locked(run_dir: Path, what: str) -> Iterator[None]:
+    import fcntl
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / "lock", "w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as err:
+            raise BlockingIOError(err.errno, f"another process is building {what} (lock {run_dir / 'lock'}); "
+                                  "wait for it to finish") from err
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _clean_stale_tmp(data_dir: Path) -> None:
+    """Remove half-written datasets of builds that were killed."""
+    tmp_root = data_dir / ".tmp"
+    if not tmp_root.is_dir():
+        return
+    for entry in tmp_root.iterdir():
+        pid = entry.name.split("-", 1)[0]
+        if pid.isdigit() and not _pid_alive(int(pid)):
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def _ensure_namespaces(data_dir: Path, namespace: str) -> None:
+    """Minari namespace metadata files for `namespace` and its parents (so `minari list` shows them)."""
+    parts = namespace.split("/")
+    for i in range(1, len(parts) + 1):
+        path = data_dir.joinpath(*parts[:i], "namespace_metadata.json")
+        if not path.exists():
+            _write_json(path, {})
+
+
+def _dataset_dir(data_dir: Path, dataset_id: str) -> Path:
+    return data_dir.joinpath(*dataset_id.split("/"))
+
+
+def _built_metadata(data_dir: Path, dataset_id: str) -> dict[str, Any] | None:
+    path = _dataset_dir(data_dir, dataset_id) / "data" / "metadata.json"
+    if not path.exists():
+        return None
+    try:
+        return _read_json(path)
+    except (OSError, ValueError):
+        return None
+
+
+# ---------------------------------------------------------------------- report
+@dataclass
+class BuildReport:
+    """What a build produced: per-kind dataset ids, sizes, returns and normalised scores."""
+
+    name: str
+    env_id: str
+    seed: int
+    sac_steps: int
+    n_transitions: int
+    data_dir: str
+    run_dir: str
+    ref_min_score: float
+    ref_max_score: float
+    medium_step: int
+    medium_eval_score: float
+    expert_deterministic_return: float | None
+    datasets: dict[str, dict[str, Any]] = field(default_factory=dict)
+    policies: dict[str, str] = field(default_factory=dict)
+    built: list[str] = field(default_factory=list)
+    elapsed_s: float = 0.0
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def format(self) -> str:
+        lines = [
+            f"{self.env_id}: seed {self.seed}, SAC {self.sac_steps:,} steps, {self.n_transitions:,} transitions per kind",
+            f"reference scores: random {self.ref_min_score:.2f}, expert {self.ref_max_score:.2f}"
+            + (f" (expert's mean action: {self.expert_deterministic_return:.2f})"
+               if self.expert_deterministic_return is not None else ""),
+            f"medium policy: SAC step {self.medium_step:,} (evaluation score {self.medium_eval_score:.1f})",
+            "",
+            "returns and normalised scores over complete episodes (not those cut by the transition budget):",
+            f"{'kind':<15} {'transitions':>12} {'episodes':>9} {'return (mean ± std)':>24} {'normalised':>10}  minari id",
+        ]
+        for kind in KINDS:
+            info = self.datasets.get(kind)
+            if info is None:
+                continue
+            status = "" if kind in self.built else "  (cached)"
+            lines.append(
+                f"{kind:<15} {info['n_transitions']:>12,} {info['n_episodes']:>9,} "
+                f"{info['return_mean']:>13.2f} ± {info['return_std']:<8.2f} {info['normalized_score_mean']:>10.1f}  "
+                f"{info['dataset_id']}{status}"
+            )
+        lines += ["", f"written to {self.data_dir} (Minari root; set MINARI_DATASETS_PATH={self.data_dir} to use minari directly)"]
+        for kind, path in self.policies.items():
+            lines.append(f"{kind} policy: {path}  (offrl.load)")
+        stages = ", ".join(f"{k} {v:.1f} s" for k, v in self.timings.items())
+        lines.append(f"elapsed {self.elapsed_s:.1f} s" + (f" ({stages})" if stages else ""))
+        return "\n".join(lines)
+
+
+def _summary(ds: Dataset, ref_min: float, ref_max: float) -> dict[str, Any]:
+    """Sizes, and returns / normalised scores over the complete episodes (those not cut by the budget)."""
+    returns = ds.episode_returns()
+    complete = np.ones(len(returns), bool)
+    complete[np.asarray(ds.metadata.get("cut_episodes", []), dtype=np.int64)] = False
+    if complete.any():
+        returns = returns[complete]
+    scores = 100.0 * (returns - ref_min) / (ref_max - ref_min)
+    return {
+        "n_transitions": ds.n_transitions,
+        "n_episodes": ds.n_episodes,
+        "cut_episodes": list(map(int, ds.metadata.get("cut_episodes", []))),
+        "return_mean": float(returns.mean()),
+        "return_std": float(returns.std()),
+        "normalized_score_mean": float(scores.mean()),
+        "normalized_score_std": float(scores.std()),
+    }
+
+
+# ---------------------------------------------------------------------- the build
+class _Builder:
+    def __init__(self, cfg: _Config, data_dir: Path, progress: bool) -> None:
+        self.cfg = cfg
+        self.data_dir = data_dir
+        self.run_dir = data_dir / ".builds" / cfg.target.env_key / cfg.run_variant
+        self.progress = progress
+        self.state_path = self.run_dir / "run.json"
+        self.spec: dict[str, Any] = {}
+        self.pool: _EnvPool | None = None
+
+    def log(self, message: str) -> None:
+        if self.progress:
+            from tqdm.auto import tqdm
+
+            tqdm.write(message)
+
+    # -- state
+    def load_state(self) -> dict[str, Any]:
+        if self.state_path.exists():
+            state = _read_json(self.state_path)
+            if state.get("config") != self.cfg.run_config():
+                raise ValueError(
+                    f"{self.run_dir} holds a SAC run with a different configuration ({state.get('config')}); "
+                    "pass force=True to rebuild it"
+                )
+            return state
+        return {"config": self.cfg.run_config()}
+
+    def save_state(self, state: dict[str, Any]) -> None:
+        _write_json(self.state_path, state)
+
+    def snapshot_path(self, step: int) -> Path:
+        return self.run_dir / "snapshots" / f"step_{step:09d}.pt"
+
+    # -- stages
+    def references_random(self, state: dict[str, Any]) -> None:
+        if "random" in state:
+            return
+        from offrl.algos.sac import episode_seed
+
+        seeds = [episode_seed(self.cfg.seed, _REF, k) for k in range(self.cfg.ref_episodes)]
+        act = _uniform_actor(self.spec, _generator("cpu", self.cfg.seed, _REF, 0))
+        returns = self.pool.episode_returns(act, seeds, self.cfg.n_envs)
+        state["random"] = {"return_mean": float(returns.mean()), "return_std": float(returns.std()),
+                           "n_episodes": len(returns)}
+        self.save_state(state)
+        self.log(f"random policy: return {returns.mean():.2f} ± {returns.std():.2f} over {len(returns)} episodes")
+
+    def train(self, state: dict[str, Any]) -> None:
+        if state.get("trained"):
+            return
+        from offrl.algos.sac import SAC, episode_seed
+
+        cfg = self.cfg
+        params = dict(cfg.sac_params)
+        params["hidden_dims"] = tuple(params["hidden_dims"])
+        sac = SAC(**params, n_steps=cfg.sac_steps, random_state=cfg.seed, device=cfg.device)
+        eval_seeds = [episode_seed(cfg.seed, _EVAL, k) for k in range(cfg.eval_episodes)]
+        learning_starts = int(params["learning_starts"])
+
+        def snapshot(model: Any, step: int, row: Mapping[str, float]) -> None:
+            act = _policy_actor(model, _generator(model.device_, cfg.seed, _EVAL, step))
+            returns = self.pool.episode_returns(act, eval_seeds, cfg.n_envs)
+            model.save(self.snapshot_path(step))
+            _write_json(self.snapshot_path(step).with_suffix(".json"),
+                        {"step": step, "return_mean": float(returns.mean()), "return_std": float(returns.std())})
+            if step > learning_starts or step == cfg.sac_steps:
+                self.log(f"SAC step {step:,}: return {returns.mean():.2f} ± {returns.std():.2f} (sampled actions)")
+
+        import gymnasium as gym
+
+        env = gym.make(cfg.target.env_id)
+        try:
+            sac.fit_online(env, cfg.sac_steps, eval_every=cfg.eval_every, callbacks=[snapshot],
+                           checkpoint_path=self.run_dir / "sac_checkpoint.pt", checkpoint_every=cfg.checkpoint_every,
+                           resume=True, progress=self.progress)
+        finally:
+            env.close()
+        state["trained"] = True
+        state["device"] = str(sac.device_)
+        self.save_state(state)
+
+    def references_expert(self, state: dict[str, Any]) -> None:
+        if "expert" in state:
+            return
+        import offrl
+        from offrl.algos.sac import episode_seed
+        from offrl.evaluation import evaluate_policy
+
+        cfg = self.cfg
+        expert = offrl.load(self.snapshot_path(cfg.sac_steps), device=cfg.device)
+        seeds = [episode_seed(cfg.seed, _REF, k) for k in range(cfg.ref_episodes)]
+        returns = self.pool.episode_returns(_policy_actor(expert, _generator(expert.device_, cfg.seed, _REF, 1)),
+                                            seeds, cfg.n_envs)
+        deterministic = evaluate_policy(expert.predict, self.pool.envs[0], n_episodes=cfg.eval_episodes, seed=cfg.seed)
+        state["expert"] = {"return_mean": float(returns.mean()), "return_std": float(returns.std()),
+                           "n_episodes": len(returns), "deterministic_return_mean": deterministic["return_mean"]}
+        self.save_state(state)
+        self.log(f"expert policy (final): return {returns.mean():.2f} ± {returns.std():.2f} over {len(returns)} episodes "
+                 f"(mean action: {deterministic['return_mean']:.2f})")
+
+    def select_medium(self, state: dict[str, Any]) -> None:
+        if "medium" in state:
+            return
+        cfg = self.cfg
+        ref_min, ref_max = state["random"]["return_mean"], state["expert"]["return_mean"]
+        if not ref_max > ref_min:
+            raise ValueError(
+                f"the final SAC policy of {cfg.target.env_id} (return {ref_max:.2f}) is no better than the random policy "
+                f"({ref_min:.2f}) after {cfg.sac_steps:,} SAC steps, so normalised scores and a medium policy are undefined; "
+                f"increase sac_steps (the default for {cfg.target.env} is "
+                f"{BUILD_DEFAULTS.get(_normalise_env(cfg.target.env), _GENERIC_DEFAULTS)['sac_steps']:,})"
+            )
+        learning_starts = int(cfg.sac_params["learning_starts"])
+        records = []
+        for path in sorted((self.run_dir / "snapshots").glob("step_*.json")):
+            record = _read_json(path)
+            if learning_starts < record["step"] < cfg.sac_steps and self.snapshot_path(record["step"]).exists():
+                record["score"] = 100.0 * (record["return_mean"] - ref_min) / (ref_max - ref_min)
+                records.append(record)
+        if not records:
+            raise ValueError(f"no evaluated SAC snapshots found in {self.run_dir / 'snapshots'}; rebuild with force=True")
+        best = min(records, key=lambda r: (abs(r["score"] - MEDIUM_SCORE), r["step"]))
+        if abs(best["score"] - MEDIUM_SCORE) > 15:
+            warnings.warn(
+                f"{cfg.target.env_id}: no SAC snapshot scored near {MEDIUM_SCORE:.0f}; the closest (step {best['step']}) "
+                f"scored {best['score']:.1f}. Evaluate more often (eval_every) or change the SAC budget",
+                stacklevel=3,
+            )
+        policies = self.run_dir / "policies"
+        policies.mkdir(parents=True, exist_ok=True)
+        for kind, step in (("medium", best["step"]), ("expert", cfg.sac_steps)):
+            with atomic_write_path(policies / f"{kind}.pt") as tmp:
+                shutil.copyfile(self.snapshot_path(step), tmp)
+        state["medium"] = {"step": int(best["step"]), "eval_return_mean": best["return_mean"], "eval_score": best["score"]}
+        self.save_state(state)
+        self.log(f"medium policy: SAC step {best['step']:,} (evaluation return {best['return_mean']:.2f}, "
+                 f"normalised score {best['score']:.1f})")
+
+    # -- datasets
+    def make_dataset(self, kind: str, state: dict[str, Any], made: dict[str, Dataset]) -> Dataset:
+        import offrl
+
+        cfg = self.cfg
+        if kind in ("random", "medium", "expert"):
+            stream = _KIND_STREAM[kind]
+            noise = _generator("cpu", cfg.seed, _COLLECT, stream)
+            if kind == "random":
+                act = _uniform_actor(self.spec, noise)
+            else:
+                policy = offrl.load(self.run_dir / "policies" / f"{kind}.pt", device=cfg.device)
+                act = _policy_actor(policy, _generator(policy.device_, cfg.seed, _COLLECT, stream))
+            return self.pool.collect(act, cfg.n_transitions, cfg.n_envs, cfg.seed, _COLLECT * 10 + stream, self.spec,
+                                     self.progress, f"collect {kind}")
+        if kind == "medium-replay":
+            from offrl.online.replay import ReplayBuffer
+
+            payload = torch.load(self.run_dir / "sac_checkpoint.pt", map_location="cpu", weights_only=True)
+            buffer = ReplayBuffer.from_state_dict(payload["online_checkpoint"]["replay_buffer"])
+            step = state["medium"]["step"]
+            ds = buffer.to_dataset(0, step, action_low=self.spec["action_low"], action_high=self.spec["action_high"])
+            last = buffer.chronological_rows()[step - 1]
+            ended = bool(buffer.columns["terminals"][last] > 0 or buffer.columns["timeouts"][last] > 0)
+            ds.metadata["cut_episodes"] = [] if ended else [ds.n_episodes - 1]
+            return ds
+        if kind == "medium-expert":
+            parts = [made[k] if k in made else self.load_kind(k) for k in ("medium", "expert")]
+            cut = list(parts[0].metadata.get("cut_episodes", []))
+            cut += [e + parts[0].n_episodes for e in parts[1].metadata.get("cut_episodes", [])]
+            return Dataset.concatenate(parts, metadata={"cut_episodes": cut})
+        raise ValueError(f"unknown dataset kind {kind!r}")
+
+    def load_kind(self, kind: str) -> Dataset:
+        from offrl.datasets.minari import load_minari
+
+        ds = load_minari(self.cfg.dataset_id(kind), data_path=self.data_dir)
+        meta = _built_metadata(self.data_dir, self.cfg.dataset_id(kind)) or {}
+        ds.metadata["cut_episodes"] = meta.get("offrl_build", {}).get("cut_episodes", [])
+        return ds
+
+    def write(self, kind: str, ds: Dataset, state: dict[str, Any]) -> dict[str, Any]:
+        from offrl.datasets.minari import to_minari
+
+        cfg = self.cfg
+        dataset_id = cfg.dataset_id(kind)
+        ref_min, ref_max = state["random"]["return_mean"], state["expert"]["return_mean"]
+        info = {
+            "name": cfg.target.dataset_name(kind),
+            "kind": kind,
+            "dataset_id": dataset_id,
+            "env_id": cfg.target.env_id,
+            "config": cfg.data_config(),
+            "medium_step": state["medium"]["step"],
+            "behavior_policy": None if kind in ("random", "medium-replay", "medium-expert")
+            else str(self.run_dir / "policies" / f"{kind}.pt"),
+            "run_dir": str(self.run_dir),
+            "ref_min_score": ref_min,
+            "ref_max_score": ref_max,
+            "medium_eval_score": state["medium"]["eval_score"],
+            "expert_deterministic_return": state["expert"].get("deterministic_return_mean"),
+            **_summary(ds, ref_min, ref_max),
+        }
+        description = (
+            f"offrl.datasets.build: {kind} data on {cfg.target.env_id} (D4RL recipe), SAC seed {cfg.seed}, "
+            f"{cfg.sac_steps} SAC steps, medium = SAC step {state['medium']['step']}; actions sampled from the "
+            "behaviour policy, whose log-probabilities are in the step info 'action_log_probs'"
+        )
+        tmp_root = self.data_dir / ".tmp" / f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        final = _dataset_dir(self.data_dir, dataset_id)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # minari's notes about eval_env / spaces
+                md = to_minari(ds, dataset_id, env=cfg.target.env_id, ref_min_score=ref_min, ref_max_score=ref_max,
+                               data_path=tmp_root, description=description, algorithm_name="offrl SAC (datasets.build)",
+                               eval_env=cfg.target.env_id)
+                md.storage.update_metadata({"offrl_build": info})
+            del md
+            final.parent.mkdir(parents=True, exist_ok=True)
+            _ensure_namespaces(self.data_dir, cfg.namespace())
+            if final.exists():
+                shutil.rmtree(final)
+            os.rename(_dataset_dir(tmp_root, dataset_id), final)
+        finally:
+            shutil.rmtree(tmp_root, ignore_errors=True)
+        info["path"] = str(final)
+        return info
+
+
+def run_build(
+    name: str,
+    n_transitions: int | None = None,
+    seed: int = 0,
+    *,
+    sac_steps: int | None = None,
+    eval_every: int | None = None,
+    eval_episodes: int = DEFAULT_EVAL_EPISODES,
+    ref_episodes: int = DEFAULT_REF_EPISODES,
+    sac_params: Mapping[str, Any] | None = None,
+    n_envs: int = DEFAULT_N_ENVS,
+    checkpoint_every: int | None = None,
+    env_id: str | None = None,
+    data_dir: str | os.PathLike | None = None,
+    device: str = "auto",
+    force: bool = False,
+    progress: bool = True,
+    threads: int | None = 1,
+) -> BuildReport:
+    """Build (or find cached) the dataset(s) `name` and report what was made; see `build`."""
+    from offrl.datasets import offrl_data_dir
+
+    start = time.perf_counter()
+    target = parse_name(name, env_id)
+    cfg = _make_config(target, n_transitions=n_transitions, seed=seed, sac_steps=sac_steps, eval_every=eval_every,
+                       eval_episodes=eval_episodes, ref_episodes=ref_episodes, sac_params=sac_params, n_envs=n_envs,
+                       checkpoint_every=checkpoint_every, device=device)
+    root = Path(data_dir).expanduser() if data_dir is not None else offrl_data_dir()
+    spec = _check_env(target.env_id)  # unknown deps, discrete actions: fail before touching the disk
+    builder = _Builder(cfg, root, progress)
+    builder.spec = spec
+    timings: dict[str, float] = {}
+
+    def timed(stage: str, fn: Callable[..., Any], *args: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            timings[stage] = timings.get(stage, 0.0) + time.perf_counter() - t0
+
+    with _locked(builder.run_dir, f"{target.env_key} ({cfg.run_variant})"), _torch_threads(threads):
+        if force:
+            shutil.rmtree(_dataset_dir(root, cfg.namespace()), ignore_errors=True)
+            for path in builder.run_dir.iterdir():
+                if path.name != "lock":
+                    shutil.rmtree(path) if path.is_dir() else path.unlink()
+        _clean_stale_tmp(root)
+        datasets: dict[str, dict[str, Any]] = {}
+        todo = []
+        for kind in target.kinds:
+            meta = _built_metadata(root, cfg.dataset_id(kind))
+            if meta is not None and meta.get("offrl_build", {}).get("config") == cfg.data_config():
+                datasets[kind] = {**meta["offrl_build"], "path": str(_dataset_dir(root, cfg.dataset_id(kind)))}
+            elif meta is not None:
+                raise ValueError(f"{_dataset_dir(root, cfg.dataset_id(kind))} was built with a different configuration; "
+                                 "pass force=True to rebuild it")
+            else:
+                todo.append(kind)
+        state = builder.load_state()
+        if todo:
+            builder.pool = _EnvPool(target.env_id, min(cfg.n_envs, 4))
+            try:
+                timed("reference scores", builder.references_random, state)
+                timed("SAC training", builder.train, state)
+                timed("reference scores", builder.references_expert, state)
+                builder.select_medium(state)
+                made: dict[str, Dataset] = {}
+                for kind in todo:
+                    ds = timed(f"collect {kind}", builder.make_dataset, kind, state, made)
+                    if kind in ("medium", "expert") and "medium-expert" in todo:
+                        made[kind] = ds
+                    datasets[kind] = timed(f"write {kind}", builder.write, kind, ds, state)
+                    builder.log(f"wrote {cfg.dataset_id(kind)}: {ds.n_transitions:,} transitions, {ds.n_episodes:,} "
+                                f"episodes, normalised score {datasets[kind]['normalized_score_mean']:.1f}")
+            finally:
+                builder.pool.close()
+    if "medium" in state:
+        refs = {"ref_min_score": state["random"]["return_mean"], "ref_max_score": state["expert"]["return_mean"],
+                "medium_step": state["medium"]["step"], "medium_eval_score": state["medium"]["eval_score"],
+                "expert_deterministic_return": state["expert"].get("deterministic_return_mean")}
+    else:  # every kind was cached and the run's state is gone: the datasets' metadata holds the same facts
+        first = next(iter(datasets.values()))
+        refs = {k: first.get(k) for k in ("ref_min_score", "ref_max_score", "medium_step", "medium_eval_score",
+                                          "expert_deterministic_return")}
+    return BuildReport(
+        name=name, env_id=target.env_id, seed=cfg.seed, sac_steps=cfg.sac_steps, n_transitions=cfg.n_transitions,
+        data_dir=str(root), run_dir=str(builder.run_dir), **refs,
+        datasets={k: datasets[k] for k in KINDS if k in datasets},
+        policies={k: str(builder.run_dir / "policies" / f"{k}.pt") for k in ("medium", "expert")},
+        built=[k for k in KINDS if k in todo], elapsed_s=time.perf_counter() - start, timings=timings,
+    )
+
+
+def build(
+    name: str,
+    n_transitions: int | None = None,
+    seed: int = 0,
+    *,
+    sac_steps: int | None = None,
+    eval_every: int | None = None,
+    eval_episodes: int = DEFAULT_EVAL_EPISODES,
+    ref_episodes: int = DEFAULT_REF_EPISODES,
+    sac_params: Mapping[str, Any] | None = None,
+    n_envs: int = DEFAULT_N_ENVS,
+    checkpoint_every: int | None = None,
+    env_id: str | None = None,
+    data_dir: str | os.PathLike | None = None,
+    device: str = "auto",
+    force: bool = False,
+    progress: bool = True,
+    threads: int | None = 1,
+) -> Dataset | dict[str, Dataset]:
+    """Build a D4RL-style dataset on a gymnasium env and return it (cached after the first build).
+
+    `name` is `<env>-<kind>-v<env version>` (e.g. `"hopper-medium-v5"`,
+    `"pendulum-medium-replay-v1"`); the kind `*` builds all five and returns
+    a dict kind -> Dataset.  Budgets default per env (`BUILD_DEFAULTS`):
+    `sac_steps` SAC environment steps and `n_transitions` per collected kind
+    (medium-replay holds the run's first `medium step` transitions,
+    medium-expert twice `n_transitions`).  `eval_every` is the snapshot
+    interval, `eval_episodes` the episodes per snapshot evaluation and
+    `ref_episodes` those of the reference scores.  `sac_params` overrides
+    SAC hyper-parameters (e.g. `{"learning_starts": 1000}`), `n_envs` is the
+    number of envs stepped together during collection, `env_id` an explicit
+    gymnasium id.  The same name, seed and budget give the same data on
+    the same machine; an interrupted build resumes where it stopped.
+    `force=True` rebuilds.  `threads` sets torch's CPU threads during the
+    build (1 by default: SAC's small networks gain little from more, lose a
+    lot on a busy machine, and a fixed count keeps results reproducible).
+    """
+    report = run_build(name, n_transitions, seed, sac_steps=sac_steps, eval_every=eval_every, eval_episodes=eval_episodes,
+                       ref_episodes=ref_episodes, sac_params=sac_params, n_envs=n_envs, checkpoint_every=checkpoint_every,
+                       env_id=env_id, data_dir=data_dir, device=device, force=force, progress=progress, threads=threads)
+    kwargs = dict(seed=seed, n_transitions=n_transitions, sac_steps=sac_steps, eval_every=eval_every,
+                  eval_episodes=eval_episodes, ref_episodes=ref_episodes, sac_params=sac_params, n_envs=n_envs,
+                  env_id=env_id, data_dir=data_dir)
+    target = parse_name(name, env_id)
+    loaded = {kind: load_built(target.dataset_name(kind), **kwargs) for kind in report.datasets}
+    return loaded if len(target.kinds) > 1 else loaded[target.kinds[0]]
+
+
+def load_built(
+    name: str,
+    build: bool = False,
+    *,
+    seed: int = 0,
+    n_transitions: int | None = None,
+    sac_steps: int | None = None,
+    data_dir: str | os.PathLike | None = None,
+    env_id: str | None = None,
+    **build_kwargs: Any,
+) -> Dataset:
+    """Load a dataset made by `build` (`offrl.datasets.load("offrl:<name>")`); with `build=True` build it if missing."""
+    from offrl.datasets import offrl_data_dir
+    from offrl.datasets.minari import load_minari
+
+    target = parse_name(name, env_id)
+    if len(target.kinds) != 1:
+        raise ValueError(f"{name!r} names several kinds; load one, e.g. {target.dataset_name('medium')!r}")
+    config_kwargs = {k: build_kwargs[k] for k in ("eval_every", "eval_episodes", "ref_episodes", "sac_params", "n_envs")
+                     if k in build_kwargs}
+    config_kwargs.setdefault("eval_every", None)
+    config_kwargs.setdefault("eval_episodes", DEFAULT_EVAL_EPISODES)
+    config_kwargs.setdefault("ref_episodes", DEFAULT_REF_EPISODES)
+    config_kwargs.setdefault("sac_params", None)
+    config_kwargs.setdefault("n_envs", DEFAULT_N_ENVS)
+    cfg = _make_config(target, n_transitions=n_transitions, seed=seed, sac_steps=sac_steps, checkpoint_every=None,
+                       device=build_kwargs.get("device", "auto"), **config_kwargs)
+    root = Path(data_dir).expanduser() if data_dir is not None else offrl_data_dir()
+    kind = target.kinds[0]
+    dataset_id = cfg.dataset_id(kind)
+    meta = _built_metadata(root, dataset_id)
+    if meta is None or meta.get("offrl_build", {}).get("config") != cfg.data_config():
+        if not build:
+            what = "was built with a different configuration" if meta is not None else "has not been built"
+            flags = "".join(f" --{flag} {value}" for flag, value in (("seed", seed), ("sac-steps", sac_steps),
+                                                                     ("transitions", n_transitions)) if value)
+            raise FileNotFoundError(
+                f"offrl dataset {name!r} (seed {seed}, {cfg.sac_steps:,} SAC steps, {cfg.n_transitions:,} transitions) "
+                f"{what} under {root}; build it with `offrl datasets build {name}{flags}` "
+                f"or load('offrl:{name}', build=True)"
+            )
+        build_kwargs["force"] = build_kwargs.get("force", False) or meta is not None
+        run_build(name, n_transitions, seed, sac_steps=sac_steps, env_id=env_id, data_dir=root, **build_kwargs)
+        meta = _built_metadata(root, dataset_id)
+    ds = load_minari(dataset_id, data_path=root)
+    info = meta["offrl_build"]
+    ds.metadata.update({
+        "name": target.name,
+        "source": f"offrl:{target.name}",
+        "minari_id": dataset_id,
+        "path": str(_dataset_dir(root, dataset_id)),
+        "kind": kind,
+        "seed": seed,
+        "sac_steps": cfg.sac_steps,
+        "medium_step": info["medium_step"],
+        "cut_episodes": list(info.get("cut_episodes", [])),
+    })
+    if info.get("behavior_policy"):
+        ds.metadata["behavior_policy"] = info["behavior_policy"]
+    return ds
+
+
+# ---------------------------------------------------------------------- listing
+class _CallableModule(types.ModuleType):
+    """`offrl.datasets.build` is this module and also the `build` function: `offrl.datasets.build("hopper-medium-v5")`."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Dataset | dict[str, Dataset]:
+        return build(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
+
+
+def known_datasets() -> list[dict[str, Any]]:
+    """The env names `build` maps, with their gymnasium ids and default budgets."""
+    import gymnasium as gym
+
+    rows = []
+    for short, base in ENV_IDS.items():
+        versions = [s.version for s in gym.registry.values() if s.name == base and s.namespace is None and s.version is not None]
+        if not versions:
+            continue
+        version = max(versions)
+        defaults = BUILD_DEFAULTS.get(short, _GENERIC_DEFAULTS)
+        rows.append({"name": f"{short}-<kind>-v{version}", "env_id": f"{base}-v{version}",
+                     "sac_steps": defaults["sac_steps"], "n_transitions": defaults["n_transitions"]})
+    return rows
+
+
+def list_built(data_dir: str | os.PathLike | None = None) -> list[dict[str, Any]]:
+    """Datasets built under `data_dir` (default `$OFFRL_DATA_DIR`), read from their Minari metadata."""
+    from offrl.datasets import offrl_data_dir
+
+    root = Path(data_dir).expanduser() if data_dir is not None else offrl_data_dir()
+    rows = []
+    base = root / NAMESPACE
+    if not base.is_dir():
+        return rows
+    for metadata_path in sorted(base.glob("**/data/metadata.json")):
+        if any(part.startswith(".") for part in metadata_path.relative_to(root).parts):
+            continue
+        try:
+            info = _read_json(metadata_path).get("offrl_build")
+        except (OSError, ValueError):
+            continue
+        if info:
+            rows.append({**info, "path": str(metadata_path.parent.parent)})
+    return rows

@@ -1,0 +1,135 @@
+"""`offrl quickstart`: offrl's whole loop on a laptop, with no download.
+
+1. build the pendulum datasets (SAC + D4RL's recipe; cached after the first time);
+2. train BC, TD3+BC, IQL and CQL on pendulum-medium-replay with a short budget
+   (the same sweep as experiments/quickstart.yaml);
+3. evaluate each policy in Pendulum-v1 (return and normalised score);
+4. estimate each policy's value with the OPE suite and compare with its true
+   value from on-policy roll-outs;
+5. write results.csv, ope.csv and report.html to offrl-results/quickstart/.
+"""
+
+from __future__ import annotations
+
+import copy
+import html
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["QUICKSTART_CONFIG", "run_quickstart"]
+
+DATASET = "pendulum-medium-replay-v1"
+ENV_ID = "Pendulum-v1"
+
+# Mirrored by experiments/quickstart.yaml (a test keeps the two equal).
+QUICKSTART_CONFIG: dict[str, Any] = {
+    "name": "quickstart",
+    "datasets": [f"offrl:{DATASET}"],
+    "algorithms": {"BC": {}, "TD3PlusBC": {}, "IQL": {}, "CQL": {}},
+    "seeds": [0],
+    "steps": 5000,
+    "eval": {"every": 1000, "episodes": 10},
+    "log_every": 250,
+    "threads_per_run": 1,
+}
+
+OPE_ESTIMATORS = ("FQE", "PDIS", "WPDIS", "DR", "WDR", "ModelBased")
+
+
+def run_quickstart(
+    out: str | Path = "offrl-results/quickstart",
+    steps: int | None = None,
+    workers: int = 2,
+    ope_rollouts: int = 20,
+    gamma: float = 0.99,
+    estimators: tuple[str, ...] = OPE_ESTIMATORS,
+    progress: bool = True,
+) -> dict[str, Path]:
+    """Run the quickstart and return the paths it wrote (results, ope, html).
+
+    Datasets are cached in `$OFFRL_DATA_DIR` (default `~/.offrl/datasets`).
+    """
+    import offrl
+    from offrl import ope
+    from offrl.datasets import build
+    from offrl.report import write_report
+    from offrl.sweep import parse_config, run_sweep
+
+    started = time.time()
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    print("[1/4] building the pendulum datasets (cached after the first time) ...", flush=True)
+    datasets = build(DATASET.replace("medium-replay", "*"), progress=progress)
+    dataset = datasets["medium-replay"]
+    print(f"      {dataset!r}", flush=True)
+
+    config_dict = copy.deepcopy(QUICKSTART_CONFIG)
+    if steps is not None:
+        config_dict["steps"] = int(steps)
+        config_dict["eval"]["every"] = max(int(steps) // 5, 1)
+    config = parse_config(config_dict, source="offrl quickstart")
+    names = ", ".join(config.algorithms)
+    print(f"[2/4] training {names} for {config.steps:,} steps each ({workers} at a time) ...", flush=True)
+    results = run_sweep(config, backend="local", workers=workers, out=out, progress=progress)
+    failed = results[results["status"] != "ok"]
+    if len(failed):
+        details = "; ".join(f"{r.variant}: {r.error}" for r in failed.itertuples())
+        raise RuntimeError(f"quickstart runs failed ({details}); tracebacks are in {out}/runs/*/*/*/error.txt")
+
+    print(f"[3/4] off-policy evaluation ({', '.join(estimators)}) against {ope_rollouts} true roll-outs per policy ...",
+          flush=True)
+    policies = {row.variant: offrl.load(Path(row.dir) / "model.pt", device="cpu") for row in results.itertuples()}
+    report = ope.benchmark(ENV_ID, dataset, policies, gamma=gamma, n_rollouts=ope_rollouts, estimators=list(estimators),
+                           seed=0)
+    paths = {"ope": out / "ope.csv", "ope_html": out / "ope.html"}
+    report.to_csv(paths["ope"])
+    report.to_html(paths["ope_html"], title="Quickstart: off-policy evaluation")
+
+    print("[4/4] writing the report ...", flush=True)
+    extra = _ope_section(report)
+    written = write_report(out, title="offrl quickstart: pendulum-medium-replay-v1", extra_html=extra)
+    paths.update({"results": written["results"], "html": written["html"]})
+
+    table = results[["variant", "final_return", "final_score", "best_score"]].rename(
+        columns={"variant": "algorithm", "final_return": "return", "final_score": "normalised score",
+                 "best_score": "best score"})
+    print()
+    print(f"dataset {DATASET}: mean normalised return of its episodes "
+          f"{results['dataset_score'].iloc[0]:.1f}")
+    print(table.to_string(index=False, float_format=lambda v: f"{v:.1f}"))
+    print()
+    print(_ope_summary(report))
+    print()
+    print(f"finished in {time.time() - started:.0f} s; report: {paths['html']}")
+    return paths
+
+
+def _ope_summary(report: Any) -> str:
+    metrics = report.metrics()
+    frame = report.to_frame()
+    lines = ["OPE (value estimates vs true discounted value):"]
+    pivot = frame.pivot(index="policy", columns="estimator", values="value")
+    if "true_value" in frame:
+        pivot.insert(0, "true value", frame.groupby("policy")["true_value"].first())
+    lines.append(pivot.to_string(float_format=lambda v: f"{v:.1f}"))
+    if metrics is not None and len(metrics):
+        cols = [c for c in ("estimator", "spearman", "regret@1", "relative_error") if c in metrics.columns]
+        lines.append("")
+        lines.append(metrics[cols].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    return "\n".join(lines)
+
+
+def _ope_section(report: Any) -> str:
+    frame = report.to_frame()
+    metrics = report.metrics()
+    parts = ["<h2>Off-policy evaluation of the trained policies</h2>",
+             "<p>Estimates from the logged data alone, next to each policy's true discounted value from on-policy "
+             "roll-outs (the full OPE report with plots is in <code>ope.html</code>).</p>",
+             frame.to_html(index=False, float_format=lambda v: f"{v:.3f}", escape=True)]
+    if metrics is not None and len(metrics):
+        parts += ["<h3>Estimator quality across the policies</h3>",
+                  metrics.to_html(index=False, float_format=lambda v: f"{v:.3f}", escape=True)]
+    parts.append(f"<p>{html.escape(str(report.metadata.get('true values', '')))}</p>")
+    return "".join(parts)

@@ -1,0 +1,169 @@
+"""evaluate / OPEReport / benchmark / the `offrl ope` command, end to end on small problems."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from offrl import Dataset
+from offrl.ope import OPEReport, OPEResult, OPEWarning, TargetPolicy, benchmark, evaluate
+from offrl.ope.synthetic import TabularMDP, tabular_policy
+
+GAMMA = 0.9
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread():
+    """Small networks on a shared CPU run fastest single-threaded."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def tabular_report():
+    mdp = TabularMDP.random(n_states=3, n_actions=2, terminal_prob=0.3, seed=1)
+    pi_b = np.array([[0.5, 0.5], [0.6, 0.4], [0.3, 0.7]])
+    ds = mdp.sample(pi_b, 300, seed=0)
+    rng = np.random.default_rng(0)
+    tables = {f"p{i}": rng.dirichlet(np.ones(2), size=3) for i in range(4)}
+    true = {k: mdp.value(v, GAMMA) for k, v in tables.items()}
+    report = evaluate({k: tabular_policy(v) for k, v in tables.items()}, ds,
+                      estimators=["FQE", "IS", "WPDIS", "DR"], gamma=GAMMA, true_values=true, n_bootstrap=200,
+                      fqe_params=dict(n_steps=300, hidden_dims=(32, 32), n_critics=2, lr=1e-3, device="cpu"))
+    return report, true
+
+
+def test_report_frame_metrics_and_selection(tabular_report, tmp_path):
+    report, true = tabular_report
+    frame = report.to_frame()
+    assert len(frame) == 16
+    for column in ("policy", "estimator", "value", "std_error", "ci_low", "ci_high", "true_value", "covered", "ess"):
+        assert column in frame.columns
+    assert (frame.ci_low <= frame.value).all() and (frame.value <= frame.ci_high).all()
+    assert frame.loc[frame.estimator == "IS", "behavior_policy"].eq("logged").all()
+    metrics = report.metrics()
+    assert list(metrics.index) == ["FQE", "IS", "WPDIS", "DR"]
+    for column in ("relative_error", "normalized_mse", "spearman", "regret@1", "precision@1", "coverage"):
+        assert column in metrics.columns
+    best_by_dr = max(true, key=lambda p: report.results[p]["DR"].value)
+    assert report.select(1, by="DR") == [best_by_dr]
+    assert report.select(2) == sorted(true, key=lambda p: -report.results[p]["FQE"].value)[:2]
+    assert len(report.select(10, by="IS", criterion="ci_low")) == 4
+    report.to_csv(tmp_path / "e.csv")
+    back = pd.read_csv(tmp_path / "e.csv")
+    assert list(back.columns) == list(frame.columns) and len(back) == 16
+
+
+def test_html_is_self_contained(tabular_report, tmp_path):
+    report, _ = tabular_report
+    report.to_html(tmp_path / "r.html")
+    text = (tmp_path / "r.html").read_text()
+    assert text.count("data:image/png;base64,") == 2  # estimates with intervals, estimated vs true
+    assert "spearman" in text and "<table" in text
+    # nothing is fetched from the network: no external src/href at all
+    assert not re.search(r"""(src|href)\s*=\s*['"]?(https?:)?//""", text)
+    assert "<script" not in text
+    plain = OPEReport({"a": {"X": OPEResult(1.0, 0.1, 0.8, 1.2, "X")}})
+    plain.to_html(tmp_path / "plain.html")
+    assert (tmp_path / "plain.html").read_text().count("data:image/png;base64,") == 1
+    with pytest.raises(ValueError, match="true values"):
+        plain.metrics()
+
+
+def test_evaluate_refuses_bad_input(tabular_report):
+    ds = TabularMDP.random(n_states=3, n_actions=2, terminal_prob=0.3, seed=1).sample(np.full((3, 2), 0.5), 20, seed=0)
+    pol = {"a": tabular_policy(np.full((3, 2), 0.5))}
+    with pytest.raises(ValueError, match="gamma"):
+        evaluate(pol, ds, ["IS"], gamma=1.2)
+    with pytest.raises(ValueError, match="unknown estimator"):
+        evaluate(pol, ds, ["XYZ"])
+    with pytest.raises(ValueError, match="policies is empty"):
+        evaluate({}, ds, ["IS"])
+    with pytest.raises(ValueError, match="interval must be one of"):
+        evaluate(pol, ds, ["IS"], interval="wald")
+
+
+def _pendulum_dataset(n_episodes: int = 8, length: int = 15, seed: int = 0) -> Dataset:
+    import gymnasium as gym
+
+    env = gym.make("Pendulum-v1")
+    rng = np.random.default_rng(seed)
+    episodes = []
+    for i in range(n_episodes):
+        obs, _ = env.reset(seed=seed + i)
+        o, a, r = [obs], [], []
+        for _ in range(length):
+            act = rng.uniform(-2, 2, size=1).astype(np.float32)
+            obs, rew, *_ = env.step(act)
+            o.append(obs), a.append(act), r.append(rew)
+        episodes.append({"observations": np.array(o), "actions": np.array(a), "rewards": np.array(r),
+                         "truncations": np.array([False] * (length - 1) + [True]),
+                         "behavior_log_probs": np.full(length, -math.log(4.0))})
+    return Dataset.from_episodes(episodes, action_low=-2.0, action_high=2.0, metadata={"name": "tiny-pendulum"})
+
+
+def test_benchmark_harness_on_pendulum():
+    from offrl.algos import BC
+
+    ds = _pendulum_dataset()
+    bc = BC(n_steps=30, device="cpu", random_state=0).fit(ds, progress=False)
+    rng = np.random.default_rng(0)
+    uniform = TargetPolicy("stochastic", log_prob=lambda o, a: np.full(len(o), -math.log(4.0)),
+                           sample=lambda o: rng.uniform(-2, 2, size=(len(o), 1)))
+    report = benchmark("Pendulum-v1", ds, {"bc": bc, "uniform": uniform, "zero": lambda o: np.zeros((len(o), 1))},
+                       gamma=0.95, n_rollouts=3, estimators=["FQE", "WIS", "PDIS"], horizon=15,
+                       fqe_params={"n_steps": 50, "hidden_dims": (32, 32), "device": "cpu"}, n_bootstrap=100)
+    assert set(report.true_values) == {"bc", "uniform", "zero"}
+    assert all(v < 0 for v in report.true_values.values())  # pendulum rewards are costs
+    metrics = report.metrics()
+    assert set(metrics.index) == {"FQE", "WIS", "PDIS"}
+    assert "true_value_std_error" in report.metadata
+    frame = report.to_frame()
+    # the uniform target equals the behaviour policy: all importance weights are 1
+    uni = frame[(frame.policy == "uniform") & (frame.estimator == "WIS")].iloc[0]
+    assert uni.ess == pytest.approx(ds.n_episodes) and uni.target_policy == "stochastic"
+    assert frame[(frame.policy == "bc") & (frame.estimator == "WIS")].iloc[0].target_policy == "deterministic"
+
+
+def test_cli_ope(tmp_path, capsys):
+    from offrl.algos import BC
+    from offrl.cli import main
+
+    ds = _pendulum_dataset()
+    ds.save(tmp_path / "data.npz")
+    for name, steps in (("a", 10), ("b", 40)):
+        BC(n_steps=steps, device="cpu", random_state=0).fit(ds, progress=False).save(tmp_path / f"{name}.pt")
+    out = tmp_path / "out"
+    code = main(["ope", "--dataset", str(tmp_path / "data.npz"), "--policy", f"a={tmp_path / 'a.pt'}",
+                 "--policy", f"b={tmp_path / 'b.pt'}", "--estimators", "FQE,WIS", "PDIS", "--fqe-steps", "30",
+                 "--gamma", "0.95", "--env", "Pendulum-v1", "--true-values", "--n-rollouts", "2", "--horizon", "15",
+                 "--out", str(out)])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "spearman" in printed and "report.html" in printed
+    frame = pd.read_csv(out / "estimates.csv")
+    assert set(frame.estimator) == {"FQE", "WIS", "PDIS"} and set(frame.policy) == {"a", "b"}
+    assert (out / "report.html").exists() and (out / "metrics.csv").exists()
+    assert main(["ope", "--dataset", str(tmp_path / "data.npz"), "--policy", f"a={tmp_path / 'a.pt'}",
+                 "--true-values", "--out", str(out)]) == 2
+    assert "--true-values needs --env" in capsys.readouterr().err
+    assert main(["ope", "--dataset", str(tmp_path / "data.npz"), "--policy", f"a={tmp_path / 'missing.pt'}",
+                 "--out", str(out)]) == 2
+
+
+def test_evaluate_warns_once_per_policy_on_unsupported_actions():
+    mdp = TabularMDP.random(n_states=3, n_actions=2, terminal_prob=0.3, seed=1)
+    ds = mdp.sample(np.array([[1.0, 0.0]] * 3), 30, seed=0)  # action 1 is never logged
+    with pytest.warns(OPEWarning, match=r"policy 'b'.*never take \(\[1\]\).*effective sample size") as caught:
+        report = evaluate({"a": tabular_policy(np.array([[1.0, 0.0]] * 3)), "b": tabular_policy(np.full((3, 2), 0.5))},
+                          ds, ["IS", "WIS"], gamma=GAMMA, n_bootstrap=50)
+    assert sum(issubclass(w.category, OPEWarning) for w in caught) == 1
+    assert "warning" in report.to_frame().columns
