@@ -51,7 +51,7 @@ def main() -> None:
     parser.add_argument("--n-rollouts", type=int, default=100)
     parser.add_argument("--fqe-steps", type=int, default=10_000)
     parser.add_argument("--fqe-critics", type=int, default=3)
-    parser.add_argument("--fqe-tau", type=float, default=0.005)
+    parser.add_argument("--fqe-tau", type=float, default=0.05)
     parser.add_argument("--fqe-lr", type=float, default=3e-4)
     parser.add_argument("--fqe-hidden", type=int, nargs="+", default=[256, 256])
     parser.add_argument("--threads", type=int, default=1)

@@ -3,6 +3,7 @@
     python benchmarks/updates.py                       # all algorithms, fp32 and bf16, eager
     python benchmarks/updates.py --compile             # also torch.compile'd updates
     python benchmarks/updates.py --algos CQL --precision bf16 --repeats 9
+    python benchmarks/updates.py --threads 1 --clock cpu   # robust on a shared machine
 
 Each configuration trains through the real `fit` loop (sampling from a
 dataset held as tensors, `log_every` = one timed chunk) on a synthetic
@@ -57,8 +58,13 @@ def synthetic_dataset(n: int = 100_000, obs_dim: int = 11, act_dim: int = 3, epi
                                action_low=-1.0, action_high=1.0, metadata={"name": "synthetic-hopper-dims"})
 
 
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
 class MatmulReference:
     """FLOP/s of a plain 256x256 @ 256x256 matmul loop, measured in windows as long as the timed chunks."""
+
+    clock = staticmethod(time.perf_counter)
 
     def __init__(self, dtype: torch.dtype, n: int = 256) -> None:
         self.a = torch.randn(n, n).to(dtype)
@@ -70,13 +76,13 @@ class MatmulReference:
 
     def measure(self, duration: float) -> float:
         """Run the loop for about `duration` seconds (at least 20 matmuls); returns and records FLOP/s."""
-        a, b = self.a, self.b
-        count, start = 0, time.perf_counter()
+        a, b, clock = self.a, self.b, self.clock
+        count, start = 0, clock()
         while True:
             for _ in range(10):
                 torch.mm(a, b)
             count += 10
-            elapsed = time.perf_counter() - start
+            elapsed = clock() - start
             if count >= 20 and elapsed >= duration:
                 break
         rate = self.flops * count / elapsed
@@ -107,7 +113,7 @@ def update_flops(name: str, dataset: Dataset, batch_size: int) -> float:
 
 
 def time_config(name: str, dataset: Dataset, batch_size: int, precision: str, compile_: bool, repeats: int,
-                warmup_chunks: int, reference: MatmulReference, flops: float) -> dict:
+                warmup_chunks: int, reference: MatmulReference, flops: float, clock=time.perf_counter) -> dict:
     """Time `repeats` chunks of the real fit loop, each followed by a reference window of the same length.
 
     The roofline fraction is the median over chunks of (update FLOP/s in the chunk) / (reference FLOP/s
@@ -121,13 +127,13 @@ def time_config(name: str, dataset: Dataset, batch_size: int, precision: str, co
     state = {"t": None}
 
     def callback(_algo, step, _metrics):
-        elapsed = time.perf_counter() - state["t"]
+        elapsed = clock() - state["t"]
         if step > warmup_chunks * chunk:
             times.append(elapsed)
             ratios.append(flops * chunk / elapsed / reference.measure(elapsed))
-        state["t"] = time.perf_counter()
+        state["t"] = clock()
 
-    state["t"] = time.perf_counter()
+    state["t"] = clock()
     started = time.perf_counter()
     algo.fit(dataset, n_steps=(warmup_chunks + repeats) * chunk, log_every=chunk, callbacks=[callback], progress=False)
     return {"updates_per_s": chunk / statistics.median(times), "updates_per_s_best": chunk / min(times),
@@ -145,6 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=7, help="timed chunks per configuration")
     parser.add_argument("--warmup", type=int, default=2, help="untimed chunks first (compilation, caches)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                        help="wall: elapsed time (default); cpu: process CPU time, which with --threads 1 "
+                             "is insensitive to other processes sharing the cores")
     parser.add_argument("--json", default=None, help="also write the results to this JSON file")
     args = parser.parse_args(argv)
     if args.threads:
@@ -158,10 +167,12 @@ def main(argv: list[str] | None = None) -> int:
     compiles = [True] if args.only_compile else ([False, True] if args.compile else [False])
 
     dataset = synthetic_dataset()
+    clock = CLOCKS[args.clock]
+    MatmulReference.clock = staticmethod(clock)
     reference = MatmulReference(torch.float32)
     bf16_reference = MatmulReference(torch.bfloat16)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {platform.processor() or platform.machine()}, "
-          f"batch {args.batch_size}, 256x256 networks, obs 11 / act 3")
+          f"batch {args.batch_size}, 256x256 networks, obs 11 / act 3, {args.clock} clock")
     print(f"{'algorithm':<10} {'precision':<9} {'compile':<7} {'upd/s':>8} {'best':>8} {'MFLOP/upd':>10} "
           f"{'GFLOP/s':>8} {'roofline':>8}")
     results = []
@@ -170,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         for compile_ in compiles:
             for precision in precisions:
                 timing = time_config(name, dataset, args.batch_size, precision, compile_, args.repeats, args.warmup,
-                                     reference, flops)
+                                     reference, flops, clock)
                 row = {"algorithm": name, "precision": precision, "compile": compile_, "flops_per_update": flops,
                        **timing, "gflops": flops * timing["updates_per_s"] / 1e9}
                 results.append(row)
@@ -185,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
           "right after the chunk (bf16 rows too)")
     if args.json:
         payload = {"torch": torch.__version__, "threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
+                   "clock": args.clock,
                    "reference_gflops_median": {"fp32": reference.median / 1e9, "bf16": bf16_reference.median / 1e9},
                    "results": results}
         Path(args.json).write_text(json.dumps(payload, indent=2))

@@ -364,10 +364,12 @@ def expand_runs(config: SweepConfig, out_dir: str | os.PathLike) -> list[dict[st
         for label, algo in config.algorithms.items():
             names = sorted(algo["grid"])
             preset = _preset(algo["algorithm"], dataset["spec"]) if config.presets else {}
-            for values in itertools.product(*(algo["grid"][n] for n in names)):
+            points = list(itertools.product(*(algo["grid"][n] for n in names)))
+            for values in points:
                 grid_point = dict(zip(names, values))
                 params = {**preset, **grid_point}  # explicit settings override the per-dataset preset
-                variant = label if not grid_point else f"{label}-{_hash(grid_point)[:8]}"
+                # A grid's points are told apart by a hash of their settings; a single point keeps the plain label.
+                variant = label if len(points) == 1 else f"{label}-{_hash(grid_point)[:8]}"
                 for seed in config.seeds:
                     resolved = {
                         "dataset": dataset,

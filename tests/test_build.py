@@ -6,8 +6,6 @@ the real Minari files it wrote under a temporary $OFFRL_DATA_DIR.
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest

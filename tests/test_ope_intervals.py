@@ -123,3 +123,13 @@ def test_make_result_fields():
     assert "X: 2.5" in str(res)
     hoeff = make_result(RatioComponents(np.array([1.0, 2.0])), "X", interval="hoeffding")
     assert "not a guaranteed bound" in hoeff.diagnostics["bound_source"]
+
+
+def test_self_normalised_interval_undefined_when_one_episode_dominates():
+    comp = RatioComponents(np.array([5.0, 0.0, 0.0, 0.0]), np.array([1.0, 0.0, 0.0, 0.0]))
+    res = make_result(comp, "WIS", interval="bootstrap", n_bootstrap=100, diagnostics={"ess": 1.0})
+    assert res.value == pytest.approx(5.0)
+    assert res.ci_low == -math.inf and res.ci_high == math.inf and res.std_error == math.inf
+    assert "below 2" in res.diagnostics["interval_note"]
+    # resamples that leave out every weighted row have no estimate and are dropped, not counted as 0
+    assert np.isnan(comp.bootstrap_values(200, 0)).mean() > 0.2

@@ -110,6 +110,7 @@ def _pendulum_dataset(n_episodes: int = 8, length: int = 15, seed: int = 0) -> D
     return Dataset.from_episodes(episodes, action_low=-2.0, action_high=2.0, metadata={"name": "tiny-pendulum"})
 
 
+@pytest.mark.filterwarnings("ignore::offrl.ope.OPEWarning")
 def test_benchmark_harness_on_pendulum():
     from offrl.algos import BC
 
@@ -133,6 +134,7 @@ def test_benchmark_harness_on_pendulum():
     assert frame[(frame.policy == "bc") & (frame.estimator == "WIS")].iloc[0].target_policy == "deterministic"
 
 
+@pytest.mark.filterwarnings("ignore::offrl.ope.OPEWarning")
 def test_cli_ope(tmp_path, capsys):
     from offrl.algos import BC
     from offrl.cli import main

@@ -454,7 +454,9 @@ class OfflineAlgorithm(BaseEstimator):
         `TrainingDivergedError` naming the loss and step, before any later
         checkpoint is written.  Callbacks are called as
         `callback(algo, step, metrics)` at each log step, after that step's
-        evaluation and checkpoint; returning `False` stops training.
+        evaluation and checkpoint; returning `False` stops training.  On CPU,
+        the same `random_state` (and number of torch threads) repeats a run
+        bit for bit.
         """
         from tqdm.auto import tqdm
 

@@ -12,7 +12,17 @@ from offrl.datasets.core import Batch, Dataset
 from offrl.datasets.d4rl import D4RL_REF_SCORES, d4rl_ref_scores
 from offrl.datasets.minari import load_minari, to_minari
 
-__all__ = ["Dataset", "Batch", "load", "to_minari", "normalized_score", "reference_scores", "offrl_data_dir"]
+__all__ = ["Dataset", "Batch", "load", "build", "to_minari", "normalized_score", "reference_scores", "offrl_data_dir"]
+
+
+def __getattr__(name: str) -> Any:
+    # `offrl.datasets.build(...)` is the builder module, which is callable (it forwards to build.build);
+    # it is imported on first use so that `import offrl` stays light.
+    if name == "build":
+        import importlib
+
+        return importlib.import_module("offrl.datasets.build")
+    raise AttributeError(f"module 'offrl.datasets' has no attribute {name!r}")
 
 
 def offrl_data_dir() -> Path:

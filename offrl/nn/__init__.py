@@ -82,12 +82,51 @@ class MLP(nn.Sequential):
         return x
 
 
+class _NarrowEnsembleMatmul(torch.autograd.Function):
+    """bias + x @ weight member by member with 2-D matmuls, for narrow outputs (Q-value heads).
+
+    A batched matmul with one output column runs as a slow batched
+    matrix-vector product on CPU (about 10x the time of the same work as
+    2-D matmuls).  Inputs may be bf16 (under autocast) while weights, bias
+    and the output stay fp32; the input's gradient comes back in its dtype.
+    """
+
+    @staticmethod
+    def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        out = torch.empty((x.shape[0], x.shape[1], weight.shape[-1]), dtype=weight.dtype, device=x.device)
+        for i in range(x.shape[0]):
+            torch.addmm(bias[i], x[i].to(weight.dtype), weight[i], out=out[i])
+        return out
+
+    @staticmethod
+    def setup_context(ctx, inputs: tuple, output: torch.Tensor) -> None:
+        x, weight, _ = inputs
+        ctx.save_for_backward(x, weight)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+        x, weight = ctx.saved_tensors
+        low = grad.to(x.dtype)
+        grad_x = torch.empty_like(x) if ctx.needs_input_grad[0] else None
+        grad_w = torch.empty_like(weight)
+        for i in range(x.shape[0]):
+            if grad_x is not None:
+                torch.mm(low[i], weight[i].t().to(x.dtype), out=grad_x[i])
+            grad_w[i] = torch.mm(x[i].t(), low[i])
+        return grad_x, grad_w, grad.sum(1, keepdim=True)
+
+
 class EnsembleLinear(nn.Module):
     """`n_members` independent linear layers applied as one batched matmul.
 
     Input (n_members, batch, in_dim) -> output (n_members, batch, out_dim).
-    Initialised like `nn.Linear` member by member.
+    Initialised like `nn.Linear` member by member.  Narrow layers (out_dim
+    <= 8, e.g. Q-value heads) run member by member as 2-D matmuls, which is
+    much faster on CPU than a batched matrix-vector product.
     """
+
+    narrow: int = 8
 
     def __init__(self, n_members: int, in_dim: int, out_dim: int) -> None:
         super().__init__()
@@ -99,9 +138,11 @@ class EnsembleLinear(nn.Module):
         nn.init.uniform_(self.bias, -bound, bound)
 
     def forward(self, x: torch.Tensor, members: slice | int | None = None) -> torch.Tensor:
-        if members is None:
-            return torch.baddbmm(self.bias, x, self.weight)
-        return torch.baddbmm(self.bias[members], x, self.weight[members])
+        weight, bias = (self.weight, self.bias) if members is None else (self.weight[members], self.bias[members])
+        if (weight.shape[-1] <= self.narrow and x.dim() == 3 and x.shape[0] == weight.shape[0]
+                and not torch.is_autocast_enabled(x.device.type)):
+            return _NarrowEnsembleMatmul.apply(x.contiguous(), weight, bias)
+        return torch.baddbmm(bias, x, weight)
 
 
 class _EnsembleLayerNorm(nn.Module):
@@ -150,7 +191,12 @@ class EnsembleMLP(nn.Module):
         last = len(layers) - 1
         for i, layer in enumerate(layers):
             if i == last:
-                x = _fp32_head(lambda h: layer(h, members), x)
+                if torch.is_autocast_enabled(x.device.type):  # fp32 output layer (see _fp32_head)
+                    with torch.autocast(x.device.type, enabled=False):
+                        narrow = layer.weight.shape[-1] <= layer.narrow  # casts member by member itself
+                        x = layer(x if narrow else x.float(), members)
+                else:
+                    x = layer(x, members)
             elif isinstance(layer, (EnsembleLinear, _EnsembleLayerNorm)):
                 x = layer(x, members)
             else:

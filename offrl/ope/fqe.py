@@ -33,6 +33,7 @@ standard error is sqrt(se_initial_states^2 + ensemble_std^2).
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any, Sequence
 
 import numpy as np
@@ -86,6 +87,7 @@ class FQE(OfflineAlgorithm):
         bootstrap: bool = True,
         layer_norm: bool = False,
         lr: float = 3e-4,
+        lr_decay: bool = True,
         batch_size: int = 256,
         n_steps: int = 20_000,
         tau: float = 0.05,
@@ -106,6 +108,7 @@ class FQE(OfflineAlgorithm):
         self.bootstrap = bootstrap
         self.layer_norm = layer_norm
         self.lr = lr
+        self.lr_decay = lr_decay
         self.batch_size = batch_size
         self.n_steps = n_steps
         self.tau = tau
@@ -130,8 +133,9 @@ class FQE(OfflineAlgorithm):
             policy = getattr(self, "_policy_obj", None)
         if policy is None:
             raise ValueError("FQE.fit needs the policy to evaluate: fqe.fit(dataset, policy)")
-        check_gamma(self.gamma)
-        check_horizon(self.horizon)
+        if check_gamma(self.gamma) == 1.0 and check_horizon(self.horizon) is None and dataset.timeouts.any():
+            raise ValueError("gamma=1 with horizon=None has no finite value for episodes cut by a time limit; "
+                             "pass horizon=<steps> (finite-horizon FQE) or gamma < 1")
         target = as_target_policy(policy, dataset)
         if target.kind == "stochastic" and target._sample is None:
             raise ValueError("FQE needs to sample the target policy's actions; this stochastic policy has no sampler "
@@ -140,6 +144,7 @@ class FQE(OfflineAlgorithm):
             raise ValueError(f"a {target.kind} target policy does not match this dataset's "
                              f"{'discrete' if dataset.discrete_actions is not None else 'continuous'} actions")
         self._target, self._policy_obj = target, policy
+        self._total_steps = int(self.n_steps if n_steps is None else n_steps)
         kwargs.setdefault("progress", False)
         return super().fit(dataset, n_steps, **kwargs)
 
@@ -247,6 +252,10 @@ class FQE(OfflineAlgorithm):
             target = batch.rewards + gamma * (1.0 - done) * v_next
             if self.clip_targets:
                 target = target.clamp(self.spec_["q_low"], self.spec_["q_high"])
+        if self.lr_decay:  # cosine decay to 5% of lr over the run: removes most SGD noise from the final Q
+            frac = min(step / max(getattr(self, "_total_steps", self.n_steps), 1), 1.0)
+            for group in self.optimizer_.param_groups:
+                group["lr"] = self.lr * (0.05 + 0.95 * 0.5 * (1.0 + math.cos(math.pi * frac)))
         q = self._q(self.critic_, x, batch.actions)
         loss = fqe_loss(q, target, weight)
         self.optimizer_.zero_grad(set_to_none=True)

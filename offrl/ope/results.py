@@ -261,9 +261,15 @@ class RatioComponents:
         return v_k.sum() + infl
 
     def bootstrap_values(self, n_bootstrap: int = 2000, random_state: Any = 0) -> np.ndarray:
-        """The estimate recomputed on `n_bootstrap` resamples of the rows (multinomial counts, vectorised)."""
+        """The estimate recomputed on `n_bootstrap` resamples of the rows (multinomial counts, vectorised).
+
+        A resample in which a ratio's denominator vanishes although it is
+        positive on the full data (every row with weight left out) has no
+        estimate: its value is NaN.
+        """
         rng = np.random.default_rng(random_state)
         n, k = self.num.shape
+        full_den = None if self.den is None else self.den.mean(0) > 0
         out = np.empty(int(n_bootstrap))
         chunk = max(1, min(int(n_bootstrap), int(2e7 // max(n * k, 1)), int(4e7 // max(n, 1))))
         for start in range(0, int(n_bootstrap), chunk):
@@ -271,7 +277,10 @@ class RatioComponents:
             counts = rng.multinomial(n, np.full(n, 1.0 / n), size=b).astype(np.float64) / n
             num_mean = counts @ self.num
             den_mean = None if self.den is None else counts @ self.den
-            out[start:start + b] = self._ratio(num_mean, den_mean)
+            values = self._ratio(num_mean, den_mean)
+            if den_mean is not None:
+                values = np.where(np.any((den_mean <= 0) & full_den, axis=-1), np.nan, values)
+            out[start:start + b] = values
         return out
 
     def bootstrap_interval(self, alpha: float = 0.05, n_bootstrap: int = 2000, random_state: Any = 0
@@ -280,6 +289,9 @@ class RatioComponents:
         if int(n_bootstrap) < 1:
             raise ValueError(f"n_bootstrap must be at least 1, got {n_bootstrap}")
         values = self.bootstrap_values(n_bootstrap, random_state)
+        values = values[np.isfinite(values)]
+        if len(values) == 0:
+            return -math.inf, math.inf
         low, high = np.quantile(values, [alpha / 2, 1 - alpha / 2])
         return float(low), float(high)
 
@@ -320,6 +332,10 @@ def make_result(
         low, high = t_interval(pseudo, alpha)
     if components.den is not None and interval != "bootstrap":
         diag["interval_note"] = "linearised self-normalised estimator"
+    if components.den is not None and float(diag.get("ess", math.inf)) < 2.0:
+        # one episode carries all the weight: a self-normalised estimate then has no usable spread
+        low, high, std_error = -math.inf, math.inf, math.inf
+        diag["interval_note"] = "undefined: effective sample size below 2"
     diag.update({"interval": interval, "alpha": alpha, "n": n})
     return OPEResult(value=float(est), std_error=std_error, ci_low=float(low), ci_high=float(high),
                      method=method, diagnostics=diag, samples=pseudo)
