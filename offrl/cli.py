@@ -87,7 +87,7 @@ def _datasets_build(args: argparse.Namespace) -> int:
     report = run_build(args.name, n_transitions=args.transitions, seed=args.seed, sac_steps=args.sac_steps,
                        eval_every=args.eval_every, sac_params=sac_params or None, env_id=args.env_id,
                        data_dir=args.data_dir, device=args.device, force=args.force, progress=not args.no_progress,
-                       threads=args.threads or None)
+                       threads=args.threads or None, expert=args.expert)
     print()
     print(report.format())
     return 0
@@ -104,7 +104,8 @@ def _datasets_list(args: argparse.Namespace) -> int:
         print("  (none yet; build one with `offrl datasets build pendulum-medium-v1`)")
     for row in built:
         config = row.get("config", {})
-        print(f"  {row['name']:<32} seed {config.get('seed', '?')}, SAC {config.get('sac_steps', 0):,} steps  "
+        expert = "" if config.get("expert", "final") == "final" else f", expert {config['expert']}"
+        print(f"  {row['name']:<32} seed {config.get('seed', '?')}, SAC {config.get('sac_steps', 0):,} steps{expert}  "
               f"{row['n_transitions']:>10,} transitions {row['n_episodes']:>7,} episodes  "
               f"return {row['return_mean']:9.2f}  normalised {row['normalized_score_mean']:6.1f}  {row['dataset_id']}")
     print(f"\nknown (offrl datasets build <env>-<kind>-v<N>; kinds: {', '.join(KINDS)}, or '*' for all):")
@@ -136,6 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--seed", type=int, default=0)
     build.add_argument("--eval-every", type=int, default=None, help="SAC steps between evaluated snapshots")
     build.add_argument("--learning-starts", type=int, default=None, help="SAC random warm-up steps (default 5000)")
+    build.add_argument("--expert", choices=("final", "best"), default="final",
+                       help="the expert policy: the final SAC policy (D4RL's recipe, default) or the best evaluated "
+                            "snapshot (for short budgets whose final policy has fallen back); reuses the same SAC run")
     build.add_argument("--env-id", default=None, help="explicit gymnasium id (its version must match the name's)")
     build.add_argument("--data-dir", default=None, help="cache root (default: $OFFRL_DATA_DIR or ~/.offrl/datasets)")
     build.add_argument("--device", default="auto")

@@ -51,10 +51,18 @@ def run_quickstart(
     """Run the quickstart and return the paths it wrote (results, ope, html).
 
     Datasets are cached in `$OFFRL_DATA_DIR` (default `~/.offrl/datasets`).
+    Each policy's OPE runs in this process as soon as its training run
+    finishes, while the slower runs (CQL) go on in the worker processes.
     """
+    import warnings
+
+    import torch
+    from tqdm.auto import tqdm
+
     import offrl
     from offrl import ope
-    from offrl.datasets import build
+    from offrl.datasets.build import load_built, run_build
+    from offrl.evaluation import make_env
     from offrl.report import write_report
     from offrl.sweep import parse_config, run_sweep
 
@@ -62,10 +70,10 @@ def run_quickstart(
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
 
-    print("[1/4] building the pendulum datasets (cached after the first time) ...", flush=True)
-    datasets = build(DATASET.replace("medium-replay", "*"), progress=progress)
-    dataset = datasets["medium-replay"]
-    print(f"      {dataset!r}", flush=True)
+    print("[1/3] building the pendulum datasets (cached after the first time) ...", flush=True)
+    run_build(DATASET.replace("medium-replay", "*"), progress=progress)
+    dataset = load_built(DATASET)
+    print(f"      {dataset!r} ({time.time() - started:.0f} s)", flush=True)
 
     config_dict = copy.deepcopy(QUICKSTART_CONFIG)
     if steps is not None:
@@ -73,23 +81,59 @@ def run_quickstart(
         config_dict["eval"]["every"] = max(int(steps) // 5, 1)
     config = parse_config(config_dict, source="offrl quickstart")
     names = ", ".join(config.algorithms)
-    print(f"[2/4] training {names} for {config.steps:,} steps each ({workers} at a time) ...", flush=True)
-    results = run_sweep(config, backend="local", workers=workers, out=out, progress=progress)
+    print(f"[2/3] training {names} for {config.steps:,} steps each ({workers} at a time); off-policy evaluation "
+          f"({', '.join(estimators)}) of each policy against {ope_rollouts} true roll-outs as soon as it is trained ...",
+          flush=True)
+    env = make_env(ENV_ID)
+    ope_results: dict[str, Any] = {}
+    truths: dict[str, dict[str, float]] = {}
+    caught: list[str] = []
+    threads = torch.get_num_threads()
+    n_runs = len(config.algorithms)
+
+    def evaluate_offline(result: dict[str, Any]) -> None:
+        """OPE of one finished run's policy (in this process, on one thread while other runs train)."""
+        if result.get("status") != "ok":
+            return
+        t0 = time.time()
+        name = result["variant"]
+        policy = offrl.load(Path(result["dir"]) / "model.pt", device="cpu")
+        torch.set_num_threads(1 if len(truths) + 1 < n_runs else threads)
+        try:
+            truths[name] = ope.true_policy_value(env, policy, gamma, ope_rollouts, seed=0, dataset=dataset)
+            with warnings.catch_warnings(record=True) as records:
+                warnings.simplefilter("always", ope.OPEWarning)
+                report = ope.evaluate({name: policy}, dataset, list(estimators), gamma,
+                                      fqe_params={"n_steps": FQE_STEPS}, random_state=0)
+            caught.extend(str(w.message) for w in records if issubclass(w.category, ope.OPEWarning))
+        finally:
+            torch.set_num_threads(threads)
+        ope_results[name] = report.results[name]
+        fqe = report.results[name].get("FQE")
+        tqdm.write(f"      OPE of {name}: true value {truths[name]['value']:.1f}"
+                   + (f", FQE {fqe.value:.1f}" if fqe is not None else "") + f" ({time.time() - t0:.0f} s)")
+
+    results = run_sweep(config, backend="local", workers=workers, out=out, progress=progress,
+                        on_result=evaluate_offline)
     failed = results[results["status"] != "ok"]
     if len(failed):
         details = "; ".join(f"{r.variant}: {r.error}" for r in failed.itertuples())
         raise RuntimeError(f"quickstart runs failed ({details}); tracebacks are in {out}/runs/*/*/*/error.txt")
-
-    print(f"[3/4] off-policy evaluation ({', '.join(estimators)}) against {ope_rollouts} true roll-outs per policy ...",
-          flush=True)
-    policies = {row.variant: offrl.load(Path(row.dir) / "model.pt", device="cpu") for row in results.itertuples()}
-    report = ope.benchmark(ENV_ID, dataset, policies, gamma=gamma, n_rollouts=ope_rollouts, estimators=list(estimators),
-                           seed=0, fqe_params={"n_steps": FQE_STEPS})
+    # Runs finished by an earlier, interrupted quickstart are skipped by the sweep: evaluate them now.
+    for row in results.itertuples():
+        if row.variant not in ope_results:
+            evaluate_offline({"status": "ok", "variant": row.variant, "dir": row.dir})
+    order = [row.variant for row in results.itertuples()]
+    report = ope.OPEReport({name: ope_results[name] for name in order},
+                           true_values={name: truths[name]["value"] for name in order},
+                           metadata={"true values": f"{ope_rollouts} on-policy roll-outs per policy",
+                                     "true_value_std_error": {k: round(v["std_error"], 4) for k, v in truths.items()}})
     paths = {"ope": out / "ope.csv", "ope_html": out / "ope.html"}
     report.to_csv(paths["ope"])
     report.to_html(paths["ope_html"], title="Quickstart: off-policy evaluation")
+    print(f"      training and OPE done ({time.time() - started:.0f} s)", flush=True)
 
-    print("[4/4] writing the report ...", flush=True)
+    print("[3/3] writing the report ...", flush=True)
     extra = _ope_section(report)
     written = write_report(out, title="offrl quickstart: pendulum-medium-replay-v1", extra_html=extra)
     paths.update({"results": written["results"], "html": written["html"]})
@@ -103,6 +147,11 @@ def run_quickstart(
     print(table.to_string(index=False, float_format=lambda v: f"{v:.1f}"))
     print()
     print(_ope_summary(report))
+    if caught:
+        print()
+        print("OPE warnings (details in ope.html):")
+        for message in dict.fromkeys(caught):
+            print(f"  - {message}")
     print()
     print(f"finished in {time.time() - started:.0f} s; report: {paths['html']}")
     return paths
@@ -117,8 +166,11 @@ def _ope_summary(report: Any) -> str:
         pivot.insert(0, "true value", frame.groupby("policy")["true_value"].first())
     lines.append(pivot.to_string(float_format=lambda v: f"{v:.1f}"))
     if metrics is not None and len(metrics):
+        if "estimator" not in metrics.columns:
+            metrics = metrics.rename_axis("estimator").reset_index()
         cols = [c for c in ("estimator", "spearman", "regret@1", "relative_error") if c in metrics.columns]
         lines.append("")
+        lines.append("Estimator quality across the policies:")
         lines.append(metrics[cols].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     return "\n".join(lines)
 

@@ -18,7 +18,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 
@@ -31,6 +31,9 @@ _TOP_KEYS = {"name", "datasets", "algorithms", "seeds", "steps", "eval", "ope", 
 _EVAL_KEYS = {"every", "episodes", "env"}
 _OPE_KEYS = {"estimators", "gamma", "rollouts"}
 _DATASET_KEYS = {"spec", "eval_env", "build", "label"}
+# What a dataset's `build:` mapping may set for an offrl: dataset (the budget of `offrl datasets build`).
+_BUILD_OPTIONS = {"seed", "n_transitions", "sac_steps", "eval_every", "eval_episodes", "ref_episodes", "sac_params",
+                  "n_envs", "env_id", "expert"}
 
 
 class ConfigError(ValueError):
@@ -217,8 +220,21 @@ def _parse_datasets(value: Any, fail: Any, check: bool) -> list[dict[str, Any]]:
         bad = set(item) - _DATASET_KEYS
         if bad:
             raise fail(f"{key}.{sorted(bad)[0]}", f"unknown dataset key; allowed: {sorted(_DATASET_KEYS)}")
-        entry = {"spec": item["spec"], "eval_env": item.get("eval_env", "auto"), "build": bool(item.get("build", True)),
+        build = item.get("build", True)
+        options: dict[str, Any] = {}
+        if isinstance(build, dict):  # build options of an offrl: dataset, e.g. {sac_steps: 200000}
+            if not item["spec"].startswith("offrl:"):
+                raise fail(f"{key}.build", "build options apply only to offrl: datasets; use true or false")
+            bad = set(build) - _BUILD_OPTIONS
+            if bad:
+                raise fail(f"{key}.build.{sorted(bad)[0]}", f"unknown build option; allowed: {sorted(_BUILD_OPTIONS)}")
+            options, build = dict(build), True
+        elif not isinstance(build, bool):
+            raise fail(f"{key}.build", f"build must be true, false or a mapping of build options, got {build!r}")
+        entry = {"spec": item["spec"], "eval_env": item.get("eval_env", "auto"), "build": build,
                  "label": item.get("label") or item["spec"].split(":", 1)[-1].replace("/", "_")}
+        if options:
+            entry["build_options"] = options
         if check:
             problem = dataset_problem(entry["spec"], build=entry["build"])
             if problem:
@@ -421,10 +437,12 @@ def _load_dataset(entry: Mapping[str, Any]) -> Any:
     from offrl.datasets import load
 
     spec = entry["spec"]
-    if spec not in _DATASET_CACHE:
-        kwargs = {"build": True} if spec.startswith("offrl:") and entry.get("build", True) else {}
-        _DATASET_CACHE[spec] = load(spec, **kwargs)
-    return _DATASET_CACHE[spec]
+    options = dict(entry.get("build_options") or {})
+    key = json.dumps([spec, options], sort_keys=True)
+    if key not in _DATASET_CACHE:
+        kwargs = {"build": True, **options} if spec.startswith("offrl:") and entry.get("build", True) else options
+        _DATASET_CACHE[key] = load(spec, **kwargs)
+    return _DATASET_CACHE[key]
 
 
 def _eval_env(entry: Mapping[str, Any], eval_cfg: Mapping[str, Any], dataset: Any) -> str | None:
@@ -511,6 +529,28 @@ def _run_ope(algo: Any, dataset: Any, env: str, ope_cfg: Mapping[str, Any], seed
 
 
 # ---------------------------------------------------------------------------- executors
+# Relative cost of one gradient update (matmul FLOPs at batch 256 with each algorithm's default networks,
+# from benchmarks/updates.py), used only to start the longest runs first.
+_UPDATE_COST = {"BC": 1.0, "TD3PlusBC": 4.0, "IQL": 5.5, "CQL": 100.0, "CalQL": 100.0}
+
+
+def run_cost(run: Mapping[str, Any]) -> float:
+    """A rough relative cost of a run: algorithm cost per update x steps."""
+    return _UPDATE_COST.get(run["algorithm"], 5.0) * float(run["steps"])
+
+
+def run_step(run_dir: str | os.PathLike) -> int:
+    """The last training step a run has logged (its train.csv), 0 when it has not logged yet."""
+    path = Path(run_dir) / "train.csv"
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, path.stat().st_size - 4096))
+            last = f.read().decode(errors="replace").strip().splitlines()[-1]
+        return int(float(last.split(",", 1)[0]))  # the header line ("step,...") gives 0 below
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def run_sweep(
     config: SweepConfig | str | os.PathLike,
     backend: str = "local",
@@ -518,8 +558,15 @@ def run_sweep(
     address: str | None = None,
     out: str | os.PathLike | None = None,
     progress: bool = True,
+    on_result: Callable[[dict[str, Any]], None] | None = None,
 ) -> Any:
-    """Run every missing run of the sweep and return the results table (a DataFrame, one row per run)."""
+    """Run every missing run of the sweep and return the results table (a DataFrame, one row per run).
+
+    Runs start longest first (by algorithm cost x steps), so a slow run does not
+    start last and leave the other workers idle.  `on_result` is called in this
+    process with each finished run's result as it arrives, while other runs go
+    on (e.g. to evaluate finished policies in the meantime).
+    """
     from offrl.report import results_frame
 
     if not isinstance(config, SweepConfig):
@@ -530,11 +577,12 @@ def run_sweep(
     _write_json(out_dir / "sweep.json", {"name": config.name, "source": config.source, "config": config.raw,
                                          "runs": [r["dir"] for r in runs]})
     todo = [r for r in runs if (read_result(r["dir"]) or {}).get("hash") != r["hash"]]
+    todo.sort(key=lambda r: -run_cost(r))  # stable: equal costs keep the config's order
     workers = max(1, workers or (os.cpu_count() or 1))
     if backend == "local":
-        results = _run_local(todo, workers, progress, len(runs) - len(todo))
+        results = _run_local(todo, workers, progress, len(runs) - len(todo), on_result)
     elif backend == "ray":
-        results = _run_ray(todo, workers, address, progress, len(runs) - len(todo))
+        results = _run_ray(todo, workers, address, progress, len(runs) - len(todo), on_result)
     else:
         raise ValueError(f"backend must be 'local' or 'ray', got {backend!r}")
     failed = [r for r in results if r.get("status") == "failed"]
@@ -544,56 +592,86 @@ def run_sweep(
 
 
 class _Progress:
+    """One bar over the runs; its postfix counts runs done / failed / running and, every few
+    seconds, the training step each running run has logged."""
+
     def __init__(self, total: int, skipped: int, enabled: bool) -> None:
         from tqdm.auto import tqdm
 
         self.bar = tqdm(total=total + skipped, initial=skipped, desc="sweep", unit="run", disable=not enabled)
+        self.enabled = enabled
         self.done = self.failed = 0
         self.skipped = skipped
+        self.running: list[dict[str, Any]] = []
 
-    def update(self, result: dict[str, Any], running: int) -> None:
+    def update(self, result: dict[str, Any]) -> None:
         if result.get("status") == "failed":
             self.failed += 1
         else:
             self.done += 1
+        self.running = [r for r in self.running if r["dir"] != result.get("dir")]
         self.bar.update(1)
-        self.show(running)
+        self.show()
 
-    def show(self, running: int) -> None:
-        self.bar.set_postfix(done=self.done, failed=self.failed, running=running, skipped=self.skipped)
+    def show(self) -> None:
+        if not self.enabled:
+            return
+        steps = []
+        for run in self.running:
+            step = run_step(run["dir"])
+            if step:
+                steps.append(f"{run['variant']}/s{run['seed']} {step}/{run['steps']}")
+        postfix = {"done": self.done, "failed": self.failed, "running": len(self.running), "skipped": self.skipped}
+        if steps:
+            postfix["steps"] = ", ".join(steps[:4]) + (" ..." if len(steps) > 4 else "")
+        self.bar.set_postfix(postfix)
 
     def close(self) -> None:
         self.bar.close()
 
 
-def _run_local(runs: list[dict[str, Any]], workers: int, progress: bool, skipped: int) -> list[dict[str, Any]]:
+_POLL_SECONDS = 2.0
+
+
+def _run_local(runs: list[dict[str, Any]], workers: int, progress: bool, skipped: int,
+               on_result: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
     import concurrent.futures as cf
     import multiprocessing as mp
 
     view = _Progress(len(runs), skipped, progress)
     results = []
+
+    def finish(result: dict[str, Any]) -> None:
+        results.append(result)
+        view.update(result)
+        if on_result is not None:
+            on_result(result)
+
     try:
         if workers == 1 or len(runs) <= 1:
-            for i, run in enumerate(runs):
-                view.show(1)
-                results.append(execute_run(run))
-                view.update(results[-1], 0 if i == len(runs) - 1 else 1)
+            for run in runs:
+                view.running = [run]
+                view.show()
+                finish(execute_run(run))
             return results
         with cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
-            pending = {pool.submit(execute_run, run) for run in runs}
-            view.show(min(workers, len(pending)))
+            futures = {pool.submit(execute_run, run): run for run in runs}
+            pending = set(futures)
+            order = list(futures)  # the pool starts runs in submission order
             while pending:
-                finished, pending = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
+                # The pool runs the first `workers` unfinished runs of the submission order.
+                view.running = [futures[f] for f in order if f in pending][:workers]
+                view.show()
+                finished, pending = cf.wait(pending, timeout=_POLL_SECONDS, return_when=cf.FIRST_COMPLETED)
                 for fut in finished:
-                    results.append(fut.result())
-                    view.update(results[-1], min(workers, len(pending)))
+                    finish(fut.result())
     finally:
         view.close()
     return results
 
 
-def _run_ray(runs: list[dict[str, Any]], workers: int, address: str | None, progress: bool, skipped: int
-             ) -> list[dict[str, Any]]:
+def _run_ray(runs: list[dict[str, Any]], workers: int, address: str | None, progress: bool, skipped: int,
+             on_result: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
     try:
         import ray
     except ImportError as err:
@@ -609,13 +687,20 @@ def _run_ray(runs: list[dict[str, Any]], workers: int, address: str | None, prog
     view = _Progress(len(runs), skipped, progress)
     results = []
     try:
-        pending = [remote.remote(run) for run in runs]
-        view.show(min(workers, len(pending)))
+        refs = {remote.remote(run): run for run in runs}
+        pending = list(refs)
         while pending:
-            ready, pending = ray.wait(pending, num_returns=1)
+            # Ray does not say which tasks have started; the first `workers` unfinished ones is a good guess
+            # on a local instance, and the step counts come from run directories this machine can see.
+            view.running = [refs[r] for r in pending[:workers]]
+            view.show()
+            ready, pending = ray.wait(pending, num_returns=1, timeout=_POLL_SECONDS)
             for ref in ready:
-                results.append(ray.get(ref))
-                view.update(results[-1], min(workers, len(pending)))
+                result = ray.get(ref)
+                results.append(result)
+                view.update(result)
+                if on_result is not None:
+                    on_result(result)
     finally:
         view.close()
         if started_here:

@@ -140,6 +140,48 @@ def test_load_scheme_and_cache(built, monkeypatch):
         offrl.datasets.load("offrl:pendulum-medium-v1", seed=7, **LOAD)
 
 
+def test_best_snapshot_expert_reuses_the_sac_run(built, monkeypatch):
+    import json
+    from pathlib import Path
+
+    monkeypatch.setenv("OFFRL_DATA_DIR", str(built["dir"]))
+    final = built["report"]
+    checkpoint = Path(final.run_dir) / "sac_checkpoint.pt"
+    trained_at = checkpoint.stat().st_mtime_ns
+    best = run_build("pendulum-*-v1", progress=False, expert="best", **TINY)
+    assert checkpoint.stat().st_mtime_ns == trained_at and best.timings["SAC training"] < 0.5  # same SAC run
+    snapshots = [json.loads(p.read_text()) for p in (Path(final.run_dir) / "snapshots").glob("step_*.json")]
+    learned = [r for r in snapshots if r["step"] > TINY["sac_params"]["learning_starts"]]
+    top = max(learned, key=lambda r: (r["return_mean"], -r["step"]))
+    assert best.expert_step == top["step"] and final.expert_step == TINY["sac_steps"]
+    assert best.medium_step < best.expert_step
+    assert best.ref_min_score == final.ref_min_score
+    for kind, info in best.datasets.items():
+        assert info["dataset_id"].split("/")[-2].endswith("-best") and info["expert_step"] == best.expert_step
+    expert = load_built("pendulum-expert-v1", expert="best", **LOAD)
+    policy = offrl.load(best.policies["expert"], device="cpu")
+    np.testing.assert_allclose(policy.log_prob(expert.observations, expert.actions), expert.behavior_log_probs,
+                               rtol=1e-5, atol=1e-4)
+    assert load_built("pendulum-medium-replay-v1", expert="best", **LOAD).n_transitions == best.medium_step
+    # The final-policy datasets are untouched.
+    again = load_built("pendulum-expert-v1", **LOAD)
+    assert np.array_equal(again.actions, built["datasets"]["expert"].actions)
+    with pytest.raises(ValueError, match="expert must be one of"):
+        run_build("pendulum-medium-v1", progress=False, expert="peak", **TINY)
+
+
+def test_sweep_config_can_name_a_build_budget(built, monkeypatch, tmp_path):
+    from offrl.sweep import _load_dataset, parse_config
+
+    monkeypatch.setenv("OFFRL_DATA_DIR", str(built["dir"]))
+    config = parse_config({"name": "budget", "datasets": [{"spec": "offrl:pendulum-medium-replay-v1", "build": LOAD}],
+                           "algorithms": {"BC": {}}, "seeds": [0], "steps": 10}, source="test")
+    entry = config.datasets[0]
+    assert entry["build"] is True and entry["build_options"] == LOAD
+    ds = _load_dataset(entry)  # already built with this budget: loaded, not rebuilt
+    assert np.array_equal(ds.actions, built["datasets"]["medium-replay"].actions)
+
+
 def test_interrupted_build_resumes_to_the_same_data(built, tmp_path, monkeypatch):
     monkeypatch.setenv("OFFRL_DATA_DIR", str(tmp_path))
     from offrl.algos.sac import SAC

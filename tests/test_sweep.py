@@ -145,6 +145,8 @@ def test_iqm_and_stratified_bootstrap():
         (lambda c: c["algorithms"]["BC"].update({"lr": []}), "at least one value"),
         (lambda c: c["algorithms"]["BC"].update({"lr": [{"a": 1}]}), "malformed grid"),
         (lambda c: c.update({"seeds": "zero"}), "seeds"),
+        (lambda c: c["datasets"].append({"spec": "offrl:pendulum-medium-v1", "build": {"sac_step": 9}}),
+         "unknown build option"),
     ],
 )
 def test_bad_config_is_reported_with_path_and_line(tmp_path, pendulum_npz, monkeypatch, mutate, needle):
@@ -177,10 +179,45 @@ def test_experiment_configs_are_valid_and_quickstart_yaml_matches_the_command():
     from offrl.quickstart import QUICKSTART_CONFIG
 
     root = Path(__file__).resolve().parents[1] / "experiments"
-    for name in ("quickstart.yaml", "local_suite.yaml", "d4rl_locomotion.yaml"):
+    names = sorted(p.name for p in root.glob("*.yaml"))
+    assert {"quickstart.yaml", "local_suite.yaml", "d4rl_locomotion.yaml"} <= set(names)
+    for name in names:
         config = load_config(root / name, check_datasets=False)
         assert config.algorithms and config.datasets
     assert yaml.safe_load((root / "quickstart.yaml").read_text()) == QUICKSTART_CONFIG
     suite = load_config(root / "d4rl_locomotion.yaml", check_datasets=False)
     assert len(suite.datasets) == 9 and len(suite.seeds) == 5 and suite.steps == 1_000_000
     assert set(suite.algorithms) == {"BC", "TD3PlusBC", "IQL", "CQL", "CalQL"}
+
+
+def test_longest_runs_start_first_and_on_result_sees_each_run(tmp_path, pendulum_npz):
+    from offrl.sweep import run_step
+
+    algorithms = {"BC": {"hidden_dims": [32, 32]}, "IQL": {"hidden_dims": [32, 32]}}
+    config = write_config(tmp_path / "sweep.yaml", [str(pendulum_npz)], steps=100, seeds=(0,), algorithms=algorithms)
+    seen = []
+    results = run_sweep(config, workers=1, out=tmp_path / "out", progress=False,
+                        on_result=lambda r: seen.append((r["algorithm"], r["status"], run_step(r["dir"]))))
+    # IQL's update costs several BC updates, so it starts first; the callback gets every finished run.
+    assert seen == [("IQL", "ok", 100), ("BC", "ok", 100)]
+    assert set(results["algorithm"]) == {"BC", "IQL"}
+
+
+def test_progress_view_shows_the_step_of_each_running_run(tmp_path):
+    from offrl.sweep import _Progress, run_step
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    assert run_step(run_dir) == 0  # nothing logged yet
+    (run_dir / "train.csv").write_text("step,loss\n")
+    assert run_step(run_dir) == 0
+    (run_dir / "train.csv").write_text("step,loss\n250,0.5\n500,0.25\n")
+    assert run_step(run_dir) == 500
+    view = _Progress(total=3, skipped=1, enabled=True)
+    view.running = [{"dir": str(run_dir), "variant": "CQL", "seed": 0, "steps": 5000}]
+    view.show()
+    postfix = view.bar.postfix
+    view.update({"status": "failed", "dir": str(run_dir)})
+    view.close()
+    assert "CQL/s0 500/5000" in postfix and "running=1" in postfix and "skipped=1" in postfix
+    assert view.failed == 1 and view.running == []

@@ -7,7 +7,8 @@ point, and collects the D4RL kinds from that one run:
 - random: a uniform policy;
 - medium: the snapshot whose (sampled-action) evaluation return lies closest
   to one third of the way from the random policy's return to the expert's;
-- expert: the final policy;
+- expert: the final policy (`expert="best"`: the best evaluated snapshot, for
+  short budgets whose final policy has fallen back; see `build`);
 - medium-replay: the run's replay buffer up to the medium snapshot;
 - medium-expert: medium and expert concatenated.
 
@@ -100,6 +101,7 @@ BUILD_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 _GENERIC_DEFAULTS: dict[str, Any] = {"sac_steps": 1_000_000, "n_transitions": 1_000_000}
 _N_EVALS = 100  # snapshots per run when eval_every is not set (for non-default budgets)
+EXPERT_CHOICES = ("final", "best")
 MEDIUM_SCORE = 100.0 / 3.0  # D4RL's medium: a third of the way from random to expert
 DATASET_VERSION = 0  # the `-v0` of the Minari ids; bump when the recipe changes the data
 NAMESPACE = "offrl"
@@ -245,6 +247,7 @@ class _Config:
     sac_params: dict[str, Any]  # full SAC hyper-parameters
     checkpoint_every: int
     device: str
+    expert: str = "final"  # which SAC policy is the expert: the final one (D4RL) or the best evaluated snapshot
     run_variant: str = ""
     data_variant: str = ""
 
@@ -263,7 +266,13 @@ class _Config:
         }
 
     def data_config(self) -> dict[str, Any]:
-        return {**self.run_config(), "n_transitions": self.n_transitions, "n_envs": self.n_envs}
+        extra = {} if self.expert == "final" else {"expert": self.expert}  # "final" keeps older caches valid
+        return {**self.run_config(), "n_transitions": self.n_transitions, "n_envs": self.n_envs, **extra}
+
+    def key(self, name: str) -> str:
+        """The run-state key (and policy file stem) of 'expert' / 'medium' for this expert choice: one SAC run
+        serves both choices, each with its own reference score and medium snapshot."""
+        return name if self.expert == "final" else f"{name}@{self.expert}"
 
     def namespace(self) -> str:
         return f"{NAMESPACE}/{self.target.env_key}/{self.data_variant}"
@@ -285,6 +294,7 @@ def _make_config(
     n_envs: int,
     checkpoint_every: int | None,
     device: str,
+    expert: str = "final",
 ) -> _Config:
     defaults = BUILD_DEFAULTS.get(_normalise_env(target.env), _GENERIC_DEFAULTS)
     default_steps = int(defaults["sac_steps"])
@@ -301,6 +311,9 @@ def _make_config(
                          "D4RL-style reference scores need at least 10 evaluation episodes")
     if n_envs < 1:
         raise ValueError(f"n_envs must be at least 1, got {n_envs}")
+    if expert not in EXPERT_CHOICES:
+        raise ValueError(f"expert must be one of {EXPERT_CHOICES} (the final SAC policy, as in D4RL, or the best "
+                         f"evaluated snapshot), got {expert!r}")
     base = _sac_defaults()
     base.update(defaults.get("sac_params", {}))
     user = dict(sac_params or {})
@@ -332,7 +345,7 @@ def _make_config(
     cfg = _Config(
         target=target, seed=seed, sac_steps=sac_steps, n_transitions=n_transitions, eval_every=eval_every,
         eval_episodes=int(eval_episodes), ref_episodes=int(ref_episodes), n_envs=int(n_envs), sac_params=params,
-        checkpoint_every=int(checkpoint_every or max(sac_steps // 20, 1)), device=device,
+        checkpoint_every=int(checkpoint_every or max(sac_steps // 20, 1)), device=device, expert=expert,
     )
     # Readable variants: seed, then whatever differs from the defaults.
     default_cfg = _Config(
@@ -346,6 +359,7 @@ def _make_config(
         run_variant += "-" + _digest(cfg.run_config())
     data_variant = run_variant + ("" if n_transitions == default_n else f"-n{n_transitions}")
     data_variant += "" if n_envs == DEFAULT_N_ENVS else f"-e{n_envs}"
+    data_variant += "" if expert == "final" else f"-{expert}"
     cfg.run_variant, cfg.data_variant = run_variant, data_variant
     return cfg
 
@@ -609,11 +623,13 @@ class BuildReport:
     built: list[str] = field(default_factory=list)
     elapsed_s: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
+    expert_step: int | None = None
 
     def format(self) -> str:
         lines = [
             f"{self.env_id}: seed {self.seed}, SAC {self.sac_steps:,} steps, {self.n_transitions:,} transitions per kind",
             f"reference scores: random {self.ref_min_score:.2f}, expert {self.ref_max_score:.2f}"
+            + (f" (SAC step {self.expert_step:,})" if self.expert_step is not None else "")
             + (f" (expert's mean action: {self.expert_deterministic_return:.2f})"
                if self.expert_deterministic_return is not None else ""),
             f"medium policy: SAC step {self.medium_step:,} (evaluation score {self.medium_eval_score:.1f})",
@@ -741,46 +757,62 @@ class _Builder:
         state["device"] = str(sac.device_)
         self.save_state(state)
 
+    def snapshot_records(self) -> list[dict[str, Any]]:
+        """The evaluated snapshots after SAC's warm-up (step, return_mean, return_std), in step order."""
+        learning_starts = int(self.cfg.sac_params["learning_starts"])
+        records = []
+        for path in sorted((self.run_dir / "snapshots").glob("step_*.json")):
+            record = _read_json(path)
+            if learning_starts < record["step"] <= self.cfg.sac_steps and self.snapshot_path(record["step"]).exists():
+                records.append(record)
+        if not records:
+            raise ValueError(f"no evaluated SAC snapshots found in {self.run_dir / 'snapshots'}; rebuild with force=True")
+        return records
+
     def references_expert(self, state: dict[str, Any]) -> None:
-        if "expert" in state:
+        cfg = self.cfg
+        key = cfg.key("expert")
+        if key in state:
             return
         import offrl
         from offrl.algos.sac import episode_seed
         from offrl.evaluation import evaluate_policy
 
-        cfg = self.cfg
-        expert = offrl.load(self.snapshot_path(cfg.sac_steps), device=cfg.device)
+        if cfg.expert == "best":  # first snapshot with the highest evaluation return
+            step = max(self.snapshot_records(), key=lambda r: (r["return_mean"], -r["step"]))["step"]
+        else:
+            step = cfg.sac_steps
+        expert = offrl.load(self.snapshot_path(step), device=cfg.device)
         seeds = [episode_seed(cfg.seed, _REF, k) for k in range(cfg.ref_episodes)]
         returns = self.pool.episode_returns(_policy_actor(expert, _generator(expert.device_, cfg.seed, _REF, 1)),
                                             seeds, cfg.n_envs)
         deterministic = evaluate_policy(expert.predict, self.pool.envs[0], n_episodes=cfg.eval_episodes, seed=cfg.seed)
-        state["expert"] = {"return_mean": float(returns.mean()), "return_std": float(returns.std()),
-                           "n_episodes": len(returns), "deterministic_return_mean": deterministic["return_mean"]}
+        state[key] = {"return_mean": float(returns.mean()), "return_std": float(returns.std()), "step": int(step),
+                      "n_episodes": len(returns), "deterministic_return_mean": deterministic["return_mean"]}
         self.save_state(state)
-        self.log(f"expert policy (final): return {returns.mean():.2f} ± {returns.std():.2f} over {len(returns)} episodes "
-                 f"(mean action: {deterministic['return_mean']:.2f})")
+        which = "final" if cfg.expert == "final" else f"best snapshot, SAC step {step:,}"
+        self.log(f"expert policy ({which}): return {returns.mean():.2f} ± {returns.std():.2f} over {len(returns)} "
+                 f"episodes (mean action: {deterministic['return_mean']:.2f})")
 
     def select_medium(self, state: dict[str, Any]) -> None:
-        if "medium" in state:
-            return
         cfg = self.cfg
-        ref_min, ref_max = state["random"]["return_mean"], state["expert"]["return_mean"]
+        if cfg.key("medium") in state:
+            return
+        expert = state[cfg.key("expert")]
+        expert_step = int(expert.get("step", cfg.sac_steps))
+        ref_min, ref_max = state["random"]["return_mean"], expert["return_mean"]
         if not ref_max > ref_min:
             raise ValueError(
-                f"the final SAC policy of {cfg.target.env_id} (return {ref_max:.2f}) is no better than the random policy "
-                f"({ref_min:.2f}) after {cfg.sac_steps:,} SAC steps, so normalised scores and a medium policy are undefined; "
-                f"increase sac_steps (the default for {cfg.target.env} is "
+                f"the {cfg.expert} SAC policy of {cfg.target.env_id} (return {ref_max:.2f}) is no better than the random "
+                f"policy ({ref_min:.2f}) after {cfg.sac_steps:,} SAC steps, so normalised scores and a medium policy are "
+                f"undefined; increase sac_steps (the default for {cfg.target.env} is "
                 f"{BUILD_DEFAULTS.get(_normalise_env(cfg.target.env), _GENERIC_DEFAULTS)['sac_steps']:,})"
             )
-        learning_starts = int(cfg.sac_params["learning_starts"])
-        records = []
-        for path in sorted((self.run_dir / "snapshots").glob("step_*.json")):
-            record = _read_json(path)
-            if learning_starts < record["step"] < cfg.sac_steps and self.snapshot_path(record["step"]).exists():
-                record["score"] = 100.0 * (record["return_mean"] - ref_min) / (ref_max - ref_min)
-                records.append(record)
+        records = [dict(r, score=100.0 * (r["return_mean"] - ref_min) / (ref_max - ref_min))
+                   for r in self.snapshot_records() if r["step"] < expert_step]
         if not records:
-            raise ValueError(f"no evaluated SAC snapshots found in {self.run_dir / 'snapshots'}; rebuild with force=True")
+            raise ValueError(f"no evaluated SAC snapshot precedes the expert (step {expert_step:,}) in "
+                             f"{self.run_dir / 'snapshots'}, so there is no medium policy; evaluate more often (eval_every)")
         best = min(records, key=lambda r: (abs(r["score"] - MEDIUM_SCORE), r["step"]))
         if abs(best["score"] - MEDIUM_SCORE) > 15:
             warnings.warn(
@@ -788,15 +820,19 @@ class _Builder:
                 f"scored {best['score']:.1f}. Evaluate more often (eval_every) or change the SAC budget",
                 stacklevel=3,
             )
-        policies = self.run_dir / "policies"
-        policies.mkdir(parents=True, exist_ok=True)
-        for kind, step in (("medium", best["step"]), ("expert", cfg.sac_steps)):
-            with atomic_write_path(policies / f"{kind}.pt") as tmp:
+        for kind, step in (("medium", best["step"]), ("expert", expert_step)):
+            path = self.policy_path(kind)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with atomic_write_path(path) as tmp:
                 shutil.copyfile(self.snapshot_path(step), tmp)
-        state["medium"] = {"step": int(best["step"]), "eval_return_mean": best["return_mean"], "eval_score": best["score"]}
+        state[cfg.key("medium")] = {"step": int(best["step"]), "eval_return_mean": best["return_mean"],
+                                    "eval_score": best["score"]}
         self.save_state(state)
         self.log(f"medium policy: SAC step {best['step']:,} (evaluation return {best['return_mean']:.2f}, "
                  f"normalised score {best['score']:.1f})")
+
+    def policy_path(self, kind: str) -> Path:
+        return self.run_dir / "policies" / f"{self.cfg.key(kind)}.pt"
 
     # -- datasets
     def make_dataset(self, kind: str, state: dict[str, Any], made: dict[str, Dataset]) -> Dataset:
@@ -809,7 +845,7 @@ class _Builder:
             if kind == "random":
                 act = _uniform_actor(self.spec, noise)
             else:
-                policy = offrl.load(self.run_dir / "policies" / f"{kind}.pt", device=cfg.device)
+                policy = offrl.load(self.policy_path(kind), device=cfg.device)
                 act = _policy_actor(policy, _generator(policy.device_, cfg.seed, _COLLECT, stream))
             return self.pool.collect(act, cfg.n_transitions, cfg.n_envs, cfg.seed, _COLLECT * 10 + stream, self.spec,
                                      self.progress, f"collect {kind}")
@@ -818,7 +854,7 @@ class _Builder:
 
             payload = torch.load(self.run_dir / "sac_checkpoint.pt", map_location="cpu", weights_only=True)
             buffer = ReplayBuffer.from_state_dict(payload["online_checkpoint"]["replay_buffer"])
-            step = state["medium"]["step"]
+            step = state[cfg.key("medium")]["step"]
             ds = buffer.to_dataset(0, step, action_low=self.spec["action_low"], action_high=self.spec["action_high"])
             last = buffer.chronological_rows()[step - 1]
             ended = bool(buffer.columns["terminals"][last] > 0 or buffer.columns["timeouts"][last] > 0)
@@ -844,26 +880,29 @@ class _Builder:
 
         cfg = self.cfg
         dataset_id = cfg.dataset_id(kind)
-        ref_min, ref_max = state["random"]["return_mean"], state["expert"]["return_mean"]
+        expert, medium = state[cfg.key("expert")], state[cfg.key("medium")]
+        ref_min, ref_max = state["random"]["return_mean"], expert["return_mean"]
         info = {
             "name": cfg.target.dataset_name(kind),
             "kind": kind,
             "dataset_id": dataset_id,
             "env_id": cfg.target.env_id,
             "config": cfg.data_config(),
-            "medium_step": state["medium"]["step"],
+            "medium_step": medium["step"],
+            "expert_step": expert.get("step", cfg.sac_steps),
             "behavior_policy": None if kind in ("random", "medium-replay", "medium-expert")
-            else str(self.run_dir / "policies" / f"{kind}.pt"),
+            else str(self.policy_path(kind)),
             "run_dir": str(self.run_dir),
             "ref_min_score": ref_min,
             "ref_max_score": ref_max,
-            "medium_eval_score": state["medium"]["eval_score"],
-            "expert_deterministic_return": state["expert"].get("deterministic_return_mean"),
+            "medium_eval_score": medium["eval_score"],
+            "expert_deterministic_return": expert.get("deterministic_return_mean"),
             **_summary(ds, ref_min, ref_max),
         }
         description = (
             f"offrl.datasets.build: {kind} data on {cfg.target.env_id} (D4RL recipe), SAC seed {cfg.seed}, "
-            f"{cfg.sac_steps} SAC steps, medium = SAC step {state['medium']['step']}; actions sampled from the "
+            f"{cfg.sac_steps} SAC steps, medium = SAC step {medium['step']}, expert = SAC step "
+            f"{expert.get('step', cfg.sac_steps)} ({cfg.expert}); actions sampled from the "
             "behaviour policy, whose log-probabilities are in the step info 'action_log_probs'"
         )
         tmp_root = self.data_dir / ".tmp" / f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -905,6 +944,7 @@ def run_build(
     force: bool = False,
     progress: bool = True,
     threads: int | None = 1,
+    expert: str = "final",
 ) -> BuildReport:
     """Build (or find cached) the dataset(s) `name` and report what was made; see `build`."""
     from offrl.datasets import offrl_data_dir
@@ -913,7 +953,7 @@ def run_build(
     target = parse_name(name, env_id)
     cfg = _make_config(target, n_transitions=n_transitions, seed=seed, sac_steps=sac_steps, eval_every=eval_every,
                        eval_episodes=eval_episodes, ref_episodes=ref_episodes, sac_params=sac_params, n_envs=n_envs,
-                       checkpoint_every=checkpoint_every, device=device)
+                       checkpoint_every=checkpoint_every, device=device, expert=expert)
     root = Path(data_dir).expanduser() if data_dir is not None else offrl_data_dir()
     spec = _check_env(target.env_id)  # unknown deps, discrete actions: fail before touching the disk
     builder = _Builder(cfg, root, progress)
@@ -963,19 +1003,21 @@ def run_build(
                                 f"episodes, normalised score {datasets[kind]['normalized_score_mean']:.1f}")
             finally:
                 builder.pool.close()
-    if "medium" in state:
-        refs = {"ref_min_score": state["random"]["return_mean"], "ref_max_score": state["expert"]["return_mean"],
-                "medium_step": state["medium"]["step"], "medium_eval_score": state["medium"]["eval_score"],
-                "expert_deterministic_return": state["expert"].get("deterministic_return_mean")}
+    if cfg.key("medium") in state:
+        expert, medium = state[cfg.key("expert")], state[cfg.key("medium")]
+        refs = {"ref_min_score": state["random"]["return_mean"], "ref_max_score": expert["return_mean"],
+                "medium_step": medium["step"], "medium_eval_score": medium["eval_score"],
+                "expert_deterministic_return": expert.get("deterministic_return_mean"),
+                "expert_step": expert.get("step", cfg.sac_steps)}
     else:  # every kind was cached and the run's state is gone: the datasets' metadata holds the same facts
         first = next(iter(datasets.values()))
         refs = {k: first.get(k) for k in ("ref_min_score", "ref_max_score", "medium_step", "medium_eval_score",
-                                          "expert_deterministic_return")}
+                                          "expert_deterministic_return", "expert_step")}
     return BuildReport(
         name=name, env_id=target.env_id, seed=cfg.seed, sac_steps=cfg.sac_steps, n_transitions=cfg.n_transitions,
         data_dir=str(root), run_dir=str(builder.run_dir), **refs,
         datasets={k: datasets[k] for k in KINDS if k in datasets},
-        policies={k: str(builder.run_dir / "policies" / f"{k}.pt") for k in ("medium", "expert")},
+        policies={k: str(builder.policy_path(k)) for k in ("medium", "expert")},
         built=[k for k in KINDS if k in todo], elapsed_s=time.perf_counter() - start, timings=timings,
     )
 
@@ -998,6 +1040,7 @@ def build(
     force: bool = False,
     progress: bool = True,
     threads: int | None = 1,
+    expert: str = "final",
 ) -> Dataset | dict[str, Dataset]:
     """Build a D4RL-style dataset on a gymnasium env and return it (cached after the first build).
 
@@ -1016,13 +1059,18 @@ def build(
     `force=True` rebuilds.  `threads` sets torch's CPU threads during the
     build (1 by default: SAC's small networks gain little from more, lose a
     lot on a busy machine, and a fixed count keeps results reproducible).
+    `expert="best"` makes the best evaluated snapshot the expert (reference
+    score, expert data, and the medium snapshot chosen before it) instead of
+    D4RL's final policy: for short budgets whose last policy has fallen back.
+    It reuses the same SAC run and is cached under its own ids (`...-best`).
     """
     report = run_build(name, n_transitions, seed, sac_steps=sac_steps, eval_every=eval_every, eval_episodes=eval_episodes,
                        ref_episodes=ref_episodes, sac_params=sac_params, n_envs=n_envs, checkpoint_every=checkpoint_every,
-                       env_id=env_id, data_dir=data_dir, device=device, force=force, progress=progress, threads=threads)
+                       env_id=env_id, data_dir=data_dir, device=device, force=force, progress=progress, threads=threads,
+                       expert=expert)
     kwargs = dict(seed=seed, n_transitions=n_transitions, sac_steps=sac_steps, eval_every=eval_every,
                   eval_episodes=eval_episodes, ref_episodes=ref_episodes, sac_params=sac_params, n_envs=n_envs,
-                  env_id=env_id, data_dir=data_dir)
+                  env_id=env_id, data_dir=data_dir, expert=expert)
     target = parse_name(name, env_id)
     loaded = {kind: load_built(target.dataset_name(kind), **kwargs) for kind in report.datasets}
     return loaded if len(target.kinds) > 1 else loaded[target.kinds[0]]
@@ -1046,8 +1094,8 @@ def load_built(
     target = parse_name(name, env_id)
     if len(target.kinds) != 1:
         raise ValueError(f"{name!r} names several kinds; load one, e.g. {target.dataset_name('medium')!r}")
-    config_kwargs = {k: build_kwargs[k] for k in ("eval_every", "eval_episodes", "ref_episodes", "sac_params", "n_envs")
-                     if k in build_kwargs}
+    config_kwargs = {k: build_kwargs[k] for k in ("eval_every", "eval_episodes", "ref_episodes", "sac_params", "n_envs",
+                                                  "expert") if k in build_kwargs}
     config_kwargs.setdefault("eval_every", None)
     config_kwargs.setdefault("eval_episodes", DEFAULT_EVAL_EPISODES)
     config_kwargs.setdefault("ref_episodes", DEFAULT_REF_EPISODES)
@@ -1063,7 +1111,9 @@ def load_built(
         if not build:
             what = "was built with a different configuration" if meta is not None else "has not been built"
             flags = "".join(f" --{flag} {value}" for flag, value in (("seed", seed), ("sac-steps", sac_steps),
-                                                                     ("transitions", n_transitions)) if value)
+                                                                     ("transitions", n_transitions),
+                                                                     ("expert", cfg.expert if cfg.expert != "final" else None))
+                            if value)
             raise FileNotFoundError(
                 f"offrl dataset {name!r} (seed {seed}, {cfg.sac_steps:,} SAC steps, {cfg.n_transitions:,} transitions) "
                 f"{what} under {root}; build it with `offrl datasets build {name}{flags}` "
