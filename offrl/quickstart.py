@@ -51,8 +51,8 @@ def run_quickstart(
     """Run the quickstart and return the paths it wrote (results, ope, html).
 
     Datasets are cached in `$OFFRL_DATA_DIR` (default `~/.offrl/datasets`).
-    Each policy's OPE runs in this process as soon as its training run
-    finishes, while the slower runs (CQL) go on in the worker processes.
+    Each policy's OPE runs in this process once a worker is idle, while the
+    slowest run (CQL) goes on training in the other worker.
     """
     import warnings
 
@@ -64,7 +64,7 @@ def run_quickstart(
     from offrl.datasets.build import load_built, run_build
     from offrl.evaluation import make_env
     from offrl.report import write_report
-    from offrl.sweep import parse_config, run_sweep
+    from offrl.sweep import expand_runs, parse_config, read_result, run_sweep
 
     started = time.time()
     out = Path(out)
@@ -82,23 +82,34 @@ def run_quickstart(
     config = parse_config(config_dict, source="offrl quickstart")
     names = ", ".join(config.algorithms)
     print(f"[2/3] training {names} for {config.steps:,} steps each ({workers} at a time); off-policy evaluation "
-          f"({', '.join(estimators)}) of each policy against {ope_rollouts} true roll-outs as soon as it is trained ...",
+          f"({', '.join(estimators)}) of each policy against {ope_rollouts} true roll-outs as workers free up ...",
           flush=True)
     env = make_env(ENV_ID)
     ope_results: dict[str, Any] = {}
     truths: dict[str, dict[str, float]] = {}
     caught: list[str] = []
     threads = torch.get_num_threads()
-    n_runs = len(config.algorithms)
+    n_todo = sum((read_result(r["dir"]) or {}).get("hash") != r["hash"] for r in expand_runs(config, out))
+    finished: list[dict[str, Any]] = []
+    queued: list[dict[str, Any]] = []
 
-    def evaluate_offline(result: dict[str, Any]) -> None:
-        """OPE of one finished run's policy (in this process, on one thread while other runs train)."""
-        if result.get("status") != "ok":
-            return
+    def on_result(result: dict[str, Any]) -> None:
+        """Queue each finished run; evaluate the queue once a worker is idle (fewer runs left than
+        workers), so that OPE uses a free core instead of slowing down two trainings."""
+        finished.append(result)
+        if result.get("status") == "ok":
+            queued.append(result)
+        left = n_todo - len(finished)
+        if left < workers:
+            while queued:
+                evaluate_offline(queued.pop(0), n_threads=1 if left > 0 else threads)
+
+    def evaluate_offline(result: dict[str, Any], n_threads: int) -> None:
+        """OPE of one finished run's policy, in this process."""
         t0 = time.time()
         name = result["variant"]
         policy = offrl.load(Path(result["dir"]) / "model.pt", device="cpu")
-        torch.set_num_threads(1 if len(truths) + 1 < n_runs else threads)
+        torch.set_num_threads(n_threads)
         try:
             truths[name] = ope.true_policy_value(env, policy, gamma, ope_rollouts, seed=0, dataset=dataset)
             with warnings.catch_warnings(record=True) as records:
@@ -114,7 +125,7 @@ def run_quickstart(
                    + (f", FQE {fqe.value:.1f}" if fqe is not None else "") + f" ({time.time() - t0:.0f} s)")
 
     results = run_sweep(config, backend="local", workers=workers, out=out, progress=progress,
-                        on_result=evaluate_offline)
+                        on_result=on_result)
     failed = results[results["status"] != "ok"]
     if len(failed):
         details = "; ".join(f"{r.variant}: {r.error}" for r in failed.itertuples())
@@ -122,7 +133,7 @@ def run_quickstart(
     # Runs finished by an earlier, interrupted quickstart are skipped by the sweep: evaluate them now.
     for row in results.itertuples():
         if row.variant not in ope_results:
-            evaluate_offline({"status": "ok", "variant": row.variant, "dir": row.dir})
+            evaluate_offline({"status": "ok", "variant": row.variant, "dir": row.dir}, n_threads=threads)
     order = [row.variant for row in results.itertuples()]
     report = ope.OPEReport({name: ope_results[name] for name in order},
                            true_values={name: truths[name]["value"] for name in order},
