@@ -64,7 +64,7 @@ def run_quickstart(
     from offrl.datasets.build import load_built, run_build
     from offrl.evaluation import make_env
     from offrl.report import write_report
-    from offrl.sweep import expand_runs, parse_config, read_result, run_sweep
+    from offrl.sweep import expand_runs, parse_config, pending_runs, run_sweep
 
     started = time.time()
     out = Path(out)
@@ -89,17 +89,16 @@ def run_quickstart(
     truths: dict[str, dict[str, float]] = {}
     caught: list[str] = []
     threads = torch.get_num_threads()
-    n_todo = sum((read_result(r["dir"]) or {}).get("hash") != r["hash"] for r in expand_runs(config, out))
-    finished: list[dict[str, Any]] = []
+    left = len(pending_runs(expand_runs(config, out)))  # the runs this sweep will train
     queued: list[dict[str, Any]] = []
 
     def on_result(result: dict[str, Any]) -> None:
         """Queue each finished run; evaluate the queue once a worker is idle (fewer runs left than
         workers), so that OPE uses a free core instead of slowing down two trainings."""
-        finished.append(result)
+        nonlocal left
+        left -= 1
         if result.get("status") == "ok":
             queued.append(result)
-        left = n_todo - len(finished)
         if left < workers:
             while queued:
                 evaluate_offline(queued.pop(0), n_threads=1 if left > 0 else threads)

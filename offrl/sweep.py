@@ -551,6 +551,13 @@ def run_step(run_dir: str | os.PathLike) -> int:
         return 0
 
 
+def pending_runs(runs: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The runs without a finished result for their current config, longest first (by `run_cost`)."""
+    todo = [dict(r) for r in runs if (read_result(r["dir"]) or {}).get("hash") != r["hash"]]
+    todo.sort(key=lambda r: -run_cost(r))  # stable: equal costs keep the config's order
+    return todo
+
+
 def run_sweep(
     config: SweepConfig | str | os.PathLike,
     backend: str = "local",
@@ -576,8 +583,7 @@ def run_sweep(
     runs = expand_runs(config, out_dir)
     _write_json(out_dir / "sweep.json", {"name": config.name, "source": config.source, "config": config.raw,
                                          "runs": [r["dir"] for r in runs]})
-    todo = [r for r in runs if (read_result(r["dir"]) or {}).get("hash") != r["hash"]]
-    todo.sort(key=lambda r: -run_cost(r))  # stable: equal costs keep the config's order
+    todo = pending_runs(runs)
     workers = max(1, workers or (os.cpu_count() or 1))
     if backend == "local":
         results = _run_local(todo, workers, progress, len(runs) - len(todo), on_result)
@@ -592,10 +598,12 @@ def run_sweep(
 
 
 class _Progress:
-    """One bar over the runs; its postfix counts runs done / failed / running and, every few
-    seconds, the training step each running run has logged."""
+    """Collects the finished runs' results (passing each to `on_result`) behind one bar, whose
+    postfix counts runs done / failed / running and, every few seconds, the training step each
+    running run has logged."""
 
-    def __init__(self, total: int, skipped: int, enabled: bool) -> None:
+    def __init__(self, total: int, skipped: int, enabled: bool,
+                 on_result: Callable[[dict[str, Any]], None] | None = None) -> None:
         from tqdm.auto import tqdm
 
         self.bar = tqdm(total=total + skipped, initial=skipped, desc="sweep", unit="run", disable=not enabled)
@@ -603,6 +611,8 @@ class _Progress:
         self.done = self.failed = 0
         self.skipped = skipped
         self.running: list[dict[str, Any]] = []
+        self.results: list[dict[str, Any]] = []
+        self.on_result = on_result
 
     def update(self, result: dict[str, Any]) -> None:
         if result.get("status") == "failed":
@@ -612,6 +622,13 @@ class _Progress:
         self.running = [r for r in self.running if r["dir"] != result.get("dir")]
         self.bar.update(1)
         self.show()
+
+    def record(self, result: dict[str, Any]) -> None:
+        """A run has finished: keep its result, show it, and hand it to `on_result`."""
+        self.results.append(result)
+        self.update(result)
+        if self.on_result is not None:
+            self.on_result(result)
 
     def show(self) -> None:
         if not self.enabled:
@@ -638,36 +655,27 @@ def _run_local(runs: list[dict[str, Any]], workers: int, progress: bool, skipped
     import concurrent.futures as cf
     import multiprocessing as mp
 
-    view = _Progress(len(runs), skipped, progress)
-    results = []
-
-    def finish(result: dict[str, Any]) -> None:
-        results.append(result)
-        view.update(result)
-        if on_result is not None:
-            on_result(result)
-
+    view = _Progress(len(runs), skipped, progress, on_result)
     try:
         if workers == 1 or len(runs) <= 1:
             for run in runs:
                 view.running = [run]
                 view.show()
-                finish(execute_run(run))
-            return results
+                view.record(execute_run(run))
+            return view.results
         with cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
-            futures = {pool.submit(execute_run, run): run for run in runs}
+            futures = {pool.submit(execute_run, run): run for run in runs}  # insertion order = submission order
             pending = set(futures)
-            order = list(futures)  # the pool starts runs in submission order
             while pending:
                 # The pool runs the first `workers` unfinished runs of the submission order.
-                view.running = [futures[f] for f in order if f in pending][:workers]
+                view.running = [run for fut, run in futures.items() if fut in pending][:workers]
                 view.show()
                 finished, pending = cf.wait(pending, timeout=_POLL_SECONDS, return_when=cf.FIRST_COMPLETED)
                 for fut in finished:
-                    finish(fut.result())
+                    view.record(fut.result())
     finally:
         view.close()
-    return results
+    return view.results
 
 
 def _run_ray(runs: list[dict[str, Any]], workers: int, address: str | None, progress: bool, skipped: int,
@@ -684,8 +692,7 @@ def _run_ray(runs: list[dict[str, Any]], workers: int, address: str | None, prog
             ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
         started_here = True
     remote = ray.remote(num_cpus=1)(execute_run)
-    view = _Progress(len(runs), skipped, progress)
-    results = []
+    view = _Progress(len(runs), skipped, progress, on_result)
     try:
         refs = {remote.remote(run): run for run in runs}
         pending = list(refs)
@@ -696,16 +703,12 @@ def _run_ray(runs: list[dict[str, Any]], workers: int, address: str | None, prog
             view.show()
             ready, pending = ray.wait(pending, num_returns=1, timeout=_POLL_SECONDS)
             for ref in ready:
-                result = ray.get(ref)
-                results.append(result)
-                view.update(result)
-                if on_result is not None:
-                    on_result(result)
+                view.record(ray.get(ref))
     finally:
         view.close()
         if started_here:
             ray.shutdown()
-    return results
+    return view.results
 
 
 def iter_results(out_dir: str | os.PathLike) -> Iterable[dict[str, Any]]:

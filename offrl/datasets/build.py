@@ -274,6 +274,12 @@ class _Config:
         serves both choices, each with its own reference score and medium snapshot."""
         return name if self.expert == "final" else f"{name}@{self.expert}"
 
+    def expert_and_medium(self, state: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """This choice's expert and medium records from the run state (runs recorded before the expert
+        choice existed lack the expert's step: it was the final one)."""
+        expert = {"step": self.sac_steps, **state[self.key("expert")]}
+        return expert, state.get(self.key("medium"))
+
     def namespace(self) -> str:
         return f"{NAMESPACE}/{self.target.env_key}/{self.data_variant}"
 
@@ -798,8 +804,8 @@ class _Builder:
         cfg = self.cfg
         if cfg.key("medium") in state:
             return
-        expert = state[cfg.key("expert")]
-        expert_step = int(expert.get("step", cfg.sac_steps))
+        expert = cfg.expert_and_medium(state)[0]
+        expert_step = int(expert["step"])
         ref_min, ref_max = state["random"]["return_mean"], expert["return_mean"]
         if not ref_max > ref_min:
             raise ValueError(
@@ -880,7 +886,7 @@ class _Builder:
 
         cfg = self.cfg
         dataset_id = cfg.dataset_id(kind)
-        expert, medium = state[cfg.key("expert")], state[cfg.key("medium")]
+        expert, medium = cfg.expert_and_medium(state)
         ref_min, ref_max = state["random"]["return_mean"], expert["return_mean"]
         info = {
             "name": cfg.target.dataset_name(kind),
@@ -889,7 +895,7 @@ class _Builder:
             "env_id": cfg.target.env_id,
             "config": cfg.data_config(),
             "medium_step": medium["step"],
-            "expert_step": expert.get("step", cfg.sac_steps),
+            "expert_step": expert["step"],
             "behavior_policy": None if kind in ("random", "medium-replay", "medium-expert")
             else str(self.policy_path(kind)),
             "run_dir": str(self.run_dir),
@@ -902,7 +908,7 @@ class _Builder:
         description = (
             f"offrl.datasets.build: {kind} data on {cfg.target.env_id} (D4RL recipe), SAC seed {cfg.seed}, "
             f"{cfg.sac_steps} SAC steps, medium = SAC step {medium['step']}, expert = SAC step "
-            f"{expert.get('step', cfg.sac_steps)} ({cfg.expert}); actions sampled from the "
+            f"{expert['step']} ({cfg.expert}); actions sampled from the "
             "behaviour policy, whose log-probabilities are in the step info 'action_log_probs'"
         )
         tmp_root = self.data_dir / ".tmp" / f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -1004,11 +1010,11 @@ def run_build(
             finally:
                 builder.pool.close()
     if cfg.key("medium") in state:
-        expert, medium = state[cfg.key("expert")], state[cfg.key("medium")]
+        expert, medium = cfg.expert_and_medium(state)
         refs = {"ref_min_score": state["random"]["return_mean"], "ref_max_score": expert["return_mean"],
                 "medium_step": medium["step"], "medium_eval_score": medium["eval_score"],
                 "expert_deterministic_return": expert.get("deterministic_return_mean"),
-                "expert_step": expert.get("step", cfg.sac_steps)}
+                "expert_step": expert["step"]}
     else:  # every kind was cached and the run's state is gone: the datasets' metadata holds the same facts
         first = next(iter(datasets.values()))
         refs = {k: first.get(k) for k in ("ref_min_score", "ref_max_score", "medium_step", "medium_eval_score",

@@ -30,17 +30,19 @@ __all__ = [
 ACTIVATIONS = {"relu": nn.ReLU, "mish": nn.Mish, "tanh": nn.Tanh, "gelu": nn.GELU, "silu": nn.SiLU}
 
 
-def _fp32_head(layer: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+def _fp32_head(layer: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, cast_input: bool = True
+               ) -> torch.Tensor:
     """Apply the output layer in fp32, also under bf16/fp16 autocast.
 
     Hidden layers are where the FLOPs are; keeping the (tiny) output layer in
     fp32 keeps Q-values, means and log-stds -- and so every loss and TD
     target computed from them -- at full precision (a bf16 Q-value of 300
-    would be quantised to steps of 2).
+    would be quantised to steps of 2).  `cast_input=False` is for layers
+    that take a low-precision input and cast it themselves.
     """
     if torch.is_autocast_enabled(x.device.type):
         with torch.autocast(x.device.type, enabled=False):
-            return layer(x.float())
+            return layer(x.float() if cast_input else x)
     return layer(x)
 
 
@@ -190,13 +192,8 @@ class EnsembleMLP(nn.Module):
         layers = self.layers
         last = len(layers) - 1
         for i, layer in enumerate(layers):
-            if i == last:
-                if torch.is_autocast_enabled(x.device.type):  # fp32 output layer (see _fp32_head)
-                    with torch.autocast(x.device.type, enabled=False):
-                        narrow = layer.weight.shape[-1] <= layer.narrow  # casts member by member itself
-                        x = layer(x if narrow else x.float(), members)
-                else:
-                    x = layer(x, members)
+            if i == last:  # a narrow head (_NarrowEnsembleMatmul) casts its input member by member itself
+                x = _fp32_head(lambda h: layer(h, members), x, cast_input=layer.weight.shape[-1] > layer.narrow)
             elif isinstance(layer, (EnsembleLinear, _EnsembleLayerNorm)):
                 x = layer(x, members)
             else:
