@@ -476,7 +476,7 @@ def execute_run(run: Mapping[str, Any]) -> dict[str, Any]:
         env = _eval_env(run["dataset"], run["eval"], dataset)
         algo.fit(
             dataset,
-            run["steps"],
+            n_steps=run["steps"],
             eval_env=env,
             eval_every=run["eval"]["every"],
             eval_episodes=run["eval"]["episodes"],

@@ -81,14 +81,14 @@ def state_of(algo) -> dict[str, torch.Tensor]:
 def test_losses_finite_and_policy_moves_towards_the_best_action(cls, bandit, tmp_path):
     obs = np.random.default_rng(1).normal(size=(500, 3)).astype(np.float32)
     algo = cls(**SMALL, random_state=0)
-    algo.fit(bandit, 0, progress=False)  # builds the initial networks
+    algo.fit(bandit, n_steps=0, progress=False)  # builds the initial networks
     initial_error = np.abs(algo.predict(obs)[:, 0] - best_action(obs)).mean()
     if cls is not BC:
         scale, bias = algo.spec_["reward_scale"], algo.spec_["reward_bias"]
         target = bandit.rewards * scale + bias  # one-step episodes: Q(s, a) should become r
         initial_fit = np.corrcoef(algo.predict_value(bandit.observations, bandit.actions), target)[0, 1]
 
-    algo.fit(bandit, 400, log_dir=tmp_path, log_every=50, progress=False)
+    algo.fit(bandit, n_steps=400, log_dir=tmp_path, log_every=50, progress=False)
     with open(tmp_path / "train.csv") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 8
@@ -104,7 +104,7 @@ def test_losses_finite_and_policy_moves_towards_the_best_action(cls, bandit, tmp
 
 @pytest.mark.parametrize("cls", CRITIC_ALGORITHMS, ids=lambda c: c.__name__)
 def test_bf16_precision_trains_with_finite_losses(cls, bandit):
-    algo = cls(**SMALL, precision="bf16", random_state=0).fit(bandit, 30, progress=False)
+    algo = cls(**SMALL, precision="bf16", random_state=0).fit(bandit, n_steps=30, progress=False)
     assert all(math.isfinite(v) for v in algo.last_metrics_.values())
     assert all(p.dtype == torch.float32 for p in algo.critic_.parameters())
 
@@ -113,7 +113,7 @@ def test_bf16_precision_trains_with_finite_losses(cls, bandit):
 @pytest.mark.parametrize("cls", ALGORITHMS, ids=lambda c: c.__name__)
 def test_save_load_clone_and_resume(cls, episodic, tmp_path):
     small = dict(hidden_dims=(32, 32), batch_size=32)
-    full = cls(**small, random_state=0).fit(episodic, 30, log_every=10, progress=False)
+    full = cls(**small, random_state=0).fit(episodic, n_steps=30, log_every=10, progress=False)
 
     full.save(tmp_path / "model.pt")
     loaded = offrl.load(tmp_path / "model.pt")
@@ -126,9 +126,9 @@ def test_save_load_clone_and_resume(cls, episodic, tmp_path):
     assert clone.get_params() == full.get_params() and not hasattr(clone, "spec_")
 
     log_dir = tmp_path / "run"
-    cls(**small, random_state=0).fit(episodic, 30, log_dir=log_dir, checkpoint_every=10, log_every=10, progress=False,
+    cls(**small, random_state=0).fit(episodic, n_steps=30, log_dir=log_dir, checkpoint_every=10, log_every=10, progress=False,
                                      callbacks=[lambda algo, step, metrics: step < 20])
-    resumed = cls(**small, random_state=0).fit(episodic, 30, log_dir=log_dir, checkpoint_every=10, log_every=10,
+    resumed = cls(**small, random_state=0).fit(episodic, n_steps=30, log_dir=log_dir, checkpoint_every=10, log_every=10,
                                                resume=True, progress=False)
     a, b = state_of(full), state_of(resumed)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
@@ -136,7 +136,7 @@ def test_save_load_clone_and_resume(cls, episodic, tmp_path):
 
 # ---------------------------------------------------------------------- algorithm-specific
 def test_td3_bc_updates_the_actor_every_second_step(bandit):
-    algo = TD3PlusBC(**SMALL, random_state=0).fit(bandit, 0, progress=False)
+    algo = TD3PlusBC(**SMALL, random_state=0).fit(bandit, n_steps=0, progress=False)
     initial = {k: v.clone() for k, v in algo.policy_.state_dict().items()}
     target = {k: v.clone() for k, v in algo.critic_target_.state_dict().items()}
     from offrl.algos.base import _PackedSampler
@@ -152,13 +152,13 @@ def test_td3_bc_updates_the_actor_every_second_step(bandit):
 
 
 def test_iql_scales_rewards_by_the_return_range_and_decays_the_actor_lr(episodic):
-    algo = IQL(hidden_dims=(32, 32), batch_size=32, random_state=0).fit(episodic, 20, progress=False)
+    algo = IQL(hidden_dims=(32, 32), batch_size=32, random_state=0).fit(episodic, n_steps=20, progress=False)
     returns = episodic.episode_returns()
     assert algo.spec_["reward_scale"] == pytest.approx(1000.0 / (returns.max() - returns.min()), rel=1e-6)
     # cosine decay over the 20 steps of this run: the last update used lr * (1 + cos(pi * 19/20)) / 2
     assert algo.actor_optimizer_.param_groups[0]["lr"] == pytest.approx(3e-4 * 0.5 * (1 + math.cos(math.pi * 19 / 20)))
     assert algo.critic_optimizer_.param_groups[0]["lr"] == 3e-4
-    raw = IQL(hidden_dims=(32, 32), reward_normalization=None, reward_bias=-1.0).fit(episodic, 1, progress=False)
+    raw = IQL(hidden_dims=(32, 32), reward_normalization=None, reward_bias=-1.0).fit(episodic, n_steps=1, progress=False)
     assert (raw.spec_["reward_scale"], raw.spec_["reward_bias"]) == (1.0, -1.0)
 
 
@@ -177,7 +177,7 @@ def test_cql_penalty_is_logsumexp_minus_data_q():
 
 
 def test_cql_lagrange_learns_alpha_prime(bandit):
-    algo = CQL(**SMALL, lagrange=True, target_action_gap=10.0, random_state=0).fit(bandit, 50, progress=False)
+    algo = CQL(**SMALL, lagrange=True, target_action_gap=10.0, random_state=0).fit(bandit, n_steps=50, progress=False)
     # the gap stays below the (large) target, so alpha' shrinks from its initial e
     assert algo.last_metrics_["alpha_prime"] < math.e
     assert algo.log_alpha_prime_.log_value.grad is not None
@@ -199,7 +199,7 @@ def test_calql_mc_returns_follow_the_episodes():
 
 
 def test_calql_clips_policy_q_values_at_the_mc_return(episodic):
-    algo = CalQL(hidden_dims=(32, 32), batch_size=32, random_state=0).fit(episodic, 2, progress=False)
+    algo = CalQL(hidden_dims=(32, 32), batch_size=32, random_state=0).fit(episodic, n_steps=2, progress=False)
     q = torch.tensor([[[-5.0, 0.0], [3.0, -1.0]]])  # (1 critic, 2 samples, 2 states)
     clipped = algo._lower_bound(q, {"mc_returns": torch.tensor([1.0, -0.5])})
     assert clipped.tolist() == [[[1.0, 0.0], [3.0, -0.5]]]

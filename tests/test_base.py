@@ -72,7 +72,7 @@ def test_init_stores_params_and_clone_gives_an_unfitted_copy(data):
     assert not any(k.endswith("_") for k in vars(algo))  # __init__ does no work
     algo.set_params(alpha=2.0)
     assert algo.alpha == 2.0
-    assert algo.fit(data, 5, progress=False) is algo
+    assert algo.fit(data, n_steps=5, progress=False) is algo
     copy = sklearn.base.clone(algo)
     assert copy.get_params() == algo.get_params()
     assert not hasattr(copy, "policy_") and hasattr(algo, "policy_") and algo.n_steps_done_ == 5
@@ -88,7 +88,7 @@ def test_methods_before_fit_raise_not_fitted(call, tmp_path):
 
 
 def test_predict_one_or_many_observations(data):
-    algo = IQL(**SMALL, random_state=0).fit(data, 20, progress=False)
+    algo = IQL(**SMALL, random_state=0).fit(data, n_steps=20, progress=False)
     obs = data.observations[:5]
     batch = algo.predict(obs)
     assert batch.shape == (5, 1) and batch.dtype == np.float32
@@ -102,13 +102,13 @@ def test_predict_one_or_many_observations(data):
     with pytest.raises(ValueError, match=r"observations has shape \(5, 2\)"):
         algo.predict(obs[:, :2])
     with pytest.raises(AttributeError, match="no critic"):
-        BC(**SMALL).fit(data, 2, progress=False).predict_value(obs, data.actions[:5])
+        BC(**SMALL).fit(data, n_steps=2, progress=False).predict_value(obs, data.actions[:5])
 
 
 def test_random_state_makes_runs_bit_for_bit_repeatable(data):
-    a = TD3PlusBC(**SMALL, random_state=7).fit(data, 30, progress=False)
-    b = TD3PlusBC(**SMALL, random_state=7).fit(data, 30, progress=False)
-    c = TD3PlusBC(**SMALL, random_state=8).fit(data, 30, progress=False)
+    a = TD3PlusBC(**SMALL, random_state=7).fit(data, n_steps=30, progress=False)
+    b = TD3PlusBC(**SMALL, random_state=7).fit(data, n_steps=30, progress=False)
+    c = TD3PlusBC(**SMALL, random_state=8).fit(data, n_steps=30, progress=False)
     assert_same_state(a, b)
     assert not np.array_equal(a.predict(data.observations[:8]), c.predict(data.observations[:8]))
 
@@ -123,7 +123,7 @@ def test_device_auto_and_validation():
 # ---------------------------------------------------------------------- fit loop: logs, checkpoints, resume
 def test_logs_to_csv_and_evaluates_periodically(data, tmp_path):
     algo = BC(**SMALL, random_state=0)
-    algo.fit(data, 40, log_dir=tmp_path, log_every=10, eval_env="Pendulum-v1", eval_every=20, eval_episodes=1,
+    algo.fit(data, n_steps=40, log_dir=tmp_path, log_every=10, eval_env="Pendulum-v1", eval_every=20, eval_episodes=1,
              progress=False)
     with open(tmp_path / "train.csv") as f:
         rows = list(csv.DictReader(f))
@@ -140,13 +140,13 @@ def test_logs_to_csv_and_evaluates_periodically(data, tmp_path):
 
 @pytest.mark.parametrize("cls", [TD3PlusBC, IQL])
 def test_resume_continues_to_the_same_result(cls, data, tmp_path):
-    full = cls(**SMALL, random_state=1).fit(data, 60, log_every=10, progress=False)
+    full = cls(**SMALL, random_state=1).fit(data, n_steps=60, log_every=10, progress=False)
 
     interrupted = cls(**SMALL, random_state=1)
-    interrupted.fit(data, 60, log_dir=tmp_path, checkpoint_every=20, log_every=10, progress=False,
+    interrupted.fit(data, n_steps=60, log_dir=tmp_path, checkpoint_every=20, log_every=10, progress=False,
                     callbacks=[lambda algo, step, metrics: step < 30])  # stops after step 30; last checkpoint: 20
     assert interrupted.n_steps_done_ == 30
-    resumed = cls(**SMALL, random_state=1).fit(data, 60, log_dir=tmp_path, checkpoint_every=20, log_every=10,
+    resumed = cls(**SMALL, random_state=1).fit(data, n_steps=60, log_dir=tmp_path, checkpoint_every=20, log_every=10,
                                                resume=True, progress=False)
     assert resumed.n_steps_done_ == 60
     assert_same_state(full, resumed)
@@ -157,10 +157,10 @@ def test_resume_continues_to_the_same_result(cls, data, tmp_path):
 
 
 def test_resume_without_checkpoint_starts_fresh_and_needs_a_log_dir(data, tmp_path):
-    algo = BC(**SMALL, random_state=0).fit(data, 10, log_dir=tmp_path, resume=True, progress=False)
+    algo = BC(**SMALL, random_state=0).fit(data, n_steps=10, log_dir=tmp_path, resume=True, progress=False)
     assert algo.n_steps_done_ == 10
     with pytest.raises(ValueError, match="need a log_dir"):
-        BC(**SMALL).fit(data, 10, resume=True, progress=False)
+        BC(**SMALL).fit(data, n_steps=10, resume=True, progress=False)
 
 
 def test_nan_loss_stops_with_the_loss_name_and_step_and_keeps_the_last_good_checkpoint(data, tmp_path):
@@ -170,26 +170,26 @@ def test_nan_loss_stops_with_the_loss_name_and_step_and_keeps_the_last_good_chec
 
     algo = BC(**SMALL, random_state=0)
     with pytest.raises(TrainingDivergedError, match=r"loss 'bc_loss' became (nan|inf) at step 30") as err:
-        algo.fit(data, 100, log_dir=tmp_path, checkpoint_every=10, log_every=10, callbacks=[explode], progress=False)
+        algo.fit(data, n_steps=100, log_dir=tmp_path, checkpoint_every=10, log_every=10, callbacks=[explode], progress=False)
     assert str(tmp_path / "checkpoint.pt") in str(err.value)
     checkpoint = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
     assert checkpoint["checkpoint"]["step"] == 20
-    resumed = BC(**SMALL, random_state=0).fit(data, 40, log_dir=tmp_path, resume=True, progress=False)
+    resumed = BC(**SMALL, random_state=0).fit(data, n_steps=40, log_dir=tmp_path, resume=True, progress=False)
     assert np.isfinite(resumed.last_metrics_["bc_loss"])
 
 
 def test_precision_bf16_keeps_fp32_weights(data):
-    algo = TD3PlusBC(**SMALL, precision="bf16", random_state=0).fit(data, 20, progress=False)
+    algo = TD3PlusBC(**SMALL, precision="bf16", random_state=0).fit(data, n_steps=20, progress=False)
     assert all(p.dtype == torch.float32 for p in algo.critic_.parameters())
     assert all(math.isfinite(v) for v in algo.last_metrics_.values())
     assert algo.predict(data.observations[:3]).dtype == np.float32
     with pytest.raises(ValueError, match="precision must be one of"):
-        TD3PlusBC(**SMALL, precision="fp8").fit(data, 1, progress=False)
+        TD3PlusBC(**SMALL, precision="fp8").fit(data, n_steps=1, progress=False)
 
 
 # ---------------------------------------------------------------------- evaluation
 def test_evaluate_single_and_vector_env(data):
-    algo = BC(**SMALL, random_state=0).fit(data, 10, progress=False)
+    algo = BC(**SMALL, random_state=0).fit(data, n_steps=10, progress=False)
     single = algo.evaluate("Pendulum-v1", n_episodes=2, seed=0)
     assert single["n_episodes"] == 2 and single["length_mean"] == 200
     assert single["normalized_score_mean"] == pytest.approx(100 * (single["return_mean"] + 1500) / 1350)
@@ -201,7 +201,7 @@ def test_evaluate_single_and_vector_env(data):
 
 # ---------------------------------------------------------------------- model files and export
 def test_save_load_round_trip_gives_identical_predictions(data, tmp_path):
-    algo = IQL(**SMALL, random_state=0).fit(data, 20, progress=False)
+    algo = IQL(**SMALL, random_state=0).fit(data, n_steps=20, progress=False)
     algo.save(tmp_path / "iql.pt")
     torch.load(tmp_path / "iql.pt", weights_only=True)  # plain tensors and containers only
     loaded = offrl.load(tmp_path / "iql.pt")
@@ -214,7 +214,7 @@ def test_save_load_round_trip_gives_identical_predictions(data, tmp_path):
 
 
 def test_incompatible_model_file_gives_a_clear_error(data, tmp_path):
-    BC(**SMALL).fit(data, 2, progress=False).save(tmp_path / "bc.pt")
+    BC(**SMALL).fit(data, n_steps=2, progress=False).save(tmp_path / "bc.pt")
     payload = torch.load(tmp_path / "bc.pt", weights_only=True)
     payload["format_version"] = 999
     torch.save(payload, tmp_path / "future.pt")
@@ -228,7 +228,7 @@ def test_incompatible_model_file_gives_a_clear_error(data, tmp_path):
 @pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:DeprecationWarning")
 @pytest.mark.parametrize("cls", [BC, TD3PlusBC, IQL])
 def test_exported_torchscript_policy_matches_predict(cls, data, tmp_path):
-    algo = cls(**SMALL, random_state=0).fit(data, 10, progress=False)
+    algo = cls(**SMALL, random_state=0).fit(data, n_steps=10, progress=False)
     algo.export_policy(tmp_path / "policy.pt")
     scripted = torch.jit.load(str(tmp_path / "policy.pt"))
     obs = data.observations[:10]
@@ -237,7 +237,7 @@ def test_exported_torchscript_policy_matches_predict(cls, data, tmp_path):
 
 
 def test_exported_policy_runs_without_offrl(data, tmp_path):
-    algo = TD3PlusBC(**SMALL, random_state=0).fit(data, 4, progress=False)
+    algo = TD3PlusBC(**SMALL, random_state=0).fit(data, n_steps=4, progress=False)
     algo.export_policy(tmp_path / "policy.pt")
     np.save(tmp_path / "obs.npy", data.observations[:4])
     code = ("import sys, numpy, torch; assert 'offrl' not in sys.modules; "

@@ -55,9 +55,9 @@ def test_iql_improves_clearly_over_its_initial_policy_on_pendulum():
         dataset = pendulum_mixed_dataset()
         data_mean = float(dataset.episode_returns().mean())  # about -800
         algo = IQL(random_state=0)  # the paper's defaults
-        algo.fit(dataset, 0, progress=False)
+        algo.fit(dataset, n_steps=0, progress=False)
         initial = algo.evaluate("Pendulum-v1", n_episodes=5, seed=0)["return_mean"]  # about -1350
-        algo.fit(dataset, 3000, progress=False)
+        algo.fit(dataset, n_steps=3000, progress=False)
         final = algo.evaluate("Pendulum-v1", n_episodes=10, seed=0)["return_mean"]  # about -390
     finally:
         torch.set_num_threads(threads)

@@ -122,7 +122,7 @@ def test_fqe_converges_to_exact_q(mdp):
     q_emp = empirical.q_values(PI_E, GAMMA)
     q_true = mdp.q_values(PI_E, GAMMA)
     fqe = FQE(gamma=GAMMA, hidden_dims=(64, 64), n_steps=2500, lr=1e-3, tau=0.05, n_critics=2, bootstrap=False,
-              device="cpu", random_state=0).fit(ds, tabular_policy(PI_E))
+              device="cpu", random_state=0).fit(ds, policy=tabular_policy(PI_E))
     obs = np.eye(3, dtype=np.float32).repeat(2, 0)
     act = np.tile([0, 1], 3)[:, None]
     q_fqe = fqe.q_values(obs, act).reshape(3, 2)
@@ -143,11 +143,11 @@ def test_fqe_finite_horizon_and_save_load(mdp, tmp_path):
     ds = mdp.sample(PI_B, 2000, horizon=5, seed=1)
     empirical = TabularMDP.from_dataset(ds)
     fqe = FQE(gamma=GAMMA, horizon=5, hidden_dims=(64, 64), n_steps=2500, lr=1e-3, tau=0.05, n_critics=2,
-              bootstrap=False, device="cpu", random_state=0).fit(ds, tabular_policy(PI_E))
+              bootstrap=False, device="cpu", random_state=0).fit(ds, policy=tabular_policy(PI_E))
     assert fqe.estimate(ds).value == pytest.approx(empirical.value(PI_E, GAMMA, 5), rel=0.02)
     # with bootstrap members (the default) the interval also reflects the data's uncertainty about Q
     boot = FQE(gamma=GAMMA, horizon=5, hidden_dims=(64, 64), n_steps=2500, lr=1e-3, tau=0.05, n_critics=3,
-               device="cpu", random_state=0).fit(ds, tabular_policy(PI_E)).estimate(ds)
+               device="cpu", random_state=0).fit(ds, policy=tabular_policy(PI_E)).estimate(ds)
     assert boot.ci_low < mdp.value(PI_E, GAMMA, 5) < boot.ci_high
     assert boot.diagnostics["ensemble_std"] > 0 and "bootstrap" in boot.diagnostics["interval_note"]
     fqe.save(tmp_path / "fqe.pt")

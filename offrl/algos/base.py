@@ -43,6 +43,7 @@ __all__ = [
     "resolve_device",
     "TrainingDivergedError",
     "make_adam",
+    "autocast",
     "PRECISIONS",
 ]
 
@@ -62,15 +63,33 @@ def resolve_device(device: str | torch.device) -> torch.device:
     return device
 
 
-def make_adam(params: Iterable[torch.Tensor], lr: float, device: torch.device | str | None = None, **kwargs: Any
-              ) -> torch.optim.Adam:
-    """Adam with the fused kernel (one call for all parameters) where this torch has it, else foreach."""
+def make_adam(params: Iterable[torch.Tensor], lr: float, device: torch.device | str | None = None, *,
+              kernel: str = "fused", **kwargs: Any) -> torch.optim.Adam:
+    """The one Adam constructor of offrl: `kernel="fused"` (one call for all parameters, where this torch
+    supports it on the device, else foreach) or `kernel="foreach"`.
+
+    SAC keeps foreach on the CPU because the recorded dataset builds used it: the two kernels agree only to
+    the last bits, and a different bit changes a whole run.
+    """
     params = list(params)
     device = torch.device(device) if device is not None else (params[0].device if params else torch.device("cpu"))
-    try:
-        return torch.optim.Adam(params, lr=lr, fused=True, **kwargs)
-    except (RuntimeError, TypeError, ValueError):  # older torch / unsupported device: fall back to foreach
-        return torch.optim.Adam(params, lr=lr, foreach=device.type != "mps", **kwargs)
+    if kernel not in ("fused", "foreach"):
+        raise ValueError(f"kernel must be 'fused' or 'foreach', got {kernel!r}")
+    if kernel == "fused":
+        try:
+            return torch.optim.Adam(params, lr=lr, fused=True, **kwargs)
+        except (RuntimeError, TypeError, ValueError):  # older torch / unsupported device: fall back to foreach
+            pass
+    return torch.optim.Adam(params, lr=lr, foreach=device.type != "mps", **kwargs)
+
+
+def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
+    """bf16 autocast for `precision="bf16"` (parameters and optimiser state stay fp32), nothing for "fp32"."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    if precision != "bf16":
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    return torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
 
 
 class ObservationNormalizer(nn.Module):
@@ -122,12 +141,7 @@ class BaseEstimator(sklearn.base.BaseEstimator):
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         """bf16 autocast when `precision="bf16"` (parameters and optimiser state stay fp32)."""
-        precision = getattr(self, "precision", "fp32")
-        if precision == "fp32":
-            return contextlib.nullcontext()
-        if precision != "bf16":
-            raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-        return torch.autocast(self.device_.type, dtype=torch.bfloat16)
+        return autocast(getattr(self, "precision", "fp32"), self.device_)
 
     def _maybe_compile(self, fn: Callable) -> Callable:
         """`torch.compile(fn)` when the `compile` hyper-parameter asks for it (True or a mode name), else `fn`."""
@@ -429,8 +443,9 @@ class OfflineAlgorithm(BaseEstimator):
     def fit(
         self,
         dataset: Dataset | str,
-        n_steps: int | None = None,
+        y: None = None,
         *,
+        n_steps: int | None = None,
         eval_env: Any = None,
         eval_every: int | None = None,
         eval_episodes: int = 10,
@@ -442,6 +457,10 @@ class OfflineAlgorithm(BaseEstimator):
         log_every: int | None = None,
     ) -> "OfflineAlgorithm":
         """Train for `n_steps` gradient steps (default: the `n_steps` hyper-parameter) and return self.
+
+        `y` is unused: it is there so that scikit-learn's `Pipeline` can fit a
+        dataset transformer (a labeller) followed by the algorithm, with fit
+        options passed as `Pipeline.fit(ds, iql__n_steps=...)`.
 
         Losses are logged every `log_every` steps (default: the estimator's
         `log_every`, 100) to the progress bar, `log_dir`/train.csv and

@@ -145,7 +145,7 @@ def evaluate(
             if needs_weights else None
         fqe = None
         if needs_fqe:
-            fqe = sklearn.base.clone(fqe_template).fit(dataset, policy)
+            fqe = sklearn.base.clone(fqe_template).fit(dataset, policy=policy)
         for est, name in zip(ests, names):
             if isinstance(est, FQE):
                 per_policy[name] = fqe.estimate(dataset)

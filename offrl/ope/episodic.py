@@ -332,7 +332,7 @@ class _DRFamily(_EpisodicEstimator):
 
             params = {"gamma": self.gamma, "horizon": self.horizon, "random_state": self.random_state,
                       **(self.fqe_params or {})}
-            q = FQE(**params).fit(dataset, policy, progress=False)
+            q = FQE(**params).fit(dataset, policy=policy, progress=False)
         elif isinstance(q, tuple):
             q = QFunction(*q, policy=policy)
         elif callable(q) and not hasattr(q, "q_values"):

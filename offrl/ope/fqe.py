@@ -123,8 +123,12 @@ class FQE(OfflineAlgorithm):
         self.random_state = random_state
 
     # ------------------------------------------------------------------ fit
-    def fit(self, dataset: Dataset | str, policy: Any = None, n_steps: int | None = None, **kwargs: Any) -> "FQE":
-        """Learn Q of `policy` (any target policy, see `as_target_policy`) on `dataset`."""
+    def fit(self, dataset: Dataset | str, y: None = None, *, policy: Any = None, n_steps: int | None = None,
+            **kwargs: Any) -> "FQE":
+        """Learn Q of `policy` (any target policy, see `as_target_policy`) on `dataset`.
+
+        `y` is unused (scikit-learn's `Pipeline` passes it); the policy is a keyword.
+        """
         from offrl.datasets import load as load_dataset
 
         if isinstance(dataset, str):
@@ -132,7 +136,7 @@ class FQE(OfflineAlgorithm):
         if policy is None:
             policy = getattr(self, "_policy_obj", None)
         if policy is None:
-            raise ValueError("FQE.fit needs the policy to evaluate: fqe.fit(dataset, policy)")
+            raise ValueError("FQE.fit needs the policy to evaluate: fqe.fit(dataset, policy=policy)")
         if check_gamma(self.gamma) == 1.0 and check_horizon(self.horizon) is None and dataset.timeouts.any():
             raise ValueError("gamma=1 with horizon=None has no finite value for episodes cut by a time limit; "
                              "pass horizon=<steps> (finite-horizon FQE) or gamma < 1")
@@ -146,7 +150,7 @@ class FQE(OfflineAlgorithm):
         self._target, self._policy_obj = target, policy
         self._total_steps = int(self.n_steps if n_steps is None else n_steps)
         kwargs.setdefault("progress", False)
-        return super().fit(dataset, n_steps, **kwargs)
+        return super().fit(dataset, n_steps=n_steps, **kwargs)
 
     def _make_spec(self, dataset: Dataset) -> dict[str, Any]:
         spec = super()._make_spec(dataset)
@@ -327,7 +331,7 @@ class FQE(OfflineAlgorithm):
     def estimate(self, dataset: Dataset, policy: Any = None, **_: Any) -> OPEResult:
         """Mean over the dataset's initial states of V(s0).  Fits first when not fitted yet."""
         if not hasattr(self, "spec_"):
-            self.fit(dataset, policy)
+            self.fit(dataset, policy=policy)
         obs0 = dataset.observations[dataset.episode_starts[:-1]]
         members = self._member_v(obs0, None, policy)  # (n_critics, n_episodes)
         per_episode = members.mean(0)
