@@ -35,6 +35,7 @@ from sklearn.exceptions import NotFittedError
 from torch import nn
 
 from offrl.datasets.core import Batch, Dataset, atomic_write_path
+from offrl.monitor import TrainingDivergedError, TrainingMonitor, read_checkpoint, write_checkpoint
 
 __all__ = [
     "BaseEstimator",
@@ -48,10 +49,6 @@ __all__ = [
 ]
 
 PRECISIONS = ("fp32", "bf16")
-
-
-class TrainingDivergedError(FloatingPointError):
-    """A loss became NaN or inf during training."""
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
@@ -223,7 +220,7 @@ class BaseEstimator(sklearn.base.BaseEstimator):
             )
         return torch.as_tensor(obs, device=self.device_), single
 
-    def _set_eval_mode(self, training: bool) -> None:
+    def _set_training_mode(self, training: bool) -> None:
         for module in self._state_objects().values():
             module.train(training)
 
@@ -232,11 +229,11 @@ class BaseEstimator(sklearn.base.BaseEstimator):
     def predict(self, observations: Any, deterministic: bool = True) -> np.ndarray:
         """Actions for one observation (obs_dim,) or a batch (n, obs_dim)."""
         obs, single = self._as_obs_tensor(observations)
-        self._set_eval_mode(False)
+        self._set_training_mode(False)
         try:
             actions = self._act(self.obs_normalizer_(obs), deterministic).float().cpu().numpy()
         finally:
-            self._set_eval_mode(True)
+            self._set_training_mode(True)
         if self.spec_.get("discrete_actions") is not None:
             actions = actions.reshape(len(actions), -1)[:, 0].astype(np.int64)
         return actions[0] if single else actions
@@ -299,35 +296,6 @@ def _is_stateful_optimizer(value: Any) -> bool:
     return isinstance(value, torch.optim.Optimizer) or isinstance(value, torch.optim.lr_scheduler.LRScheduler)
 
 
-class _CSVLog:
-    """Append-only CSV with a fixed header; on resume, rows after the checkpoint step are dropped."""
-
-    def __init__(self, path: Path, keep_until: int | None) -> None:
-        self.path = path
-        self.fields: list[str] | None = None
-        if keep_until is not None and path.exists():
-            with open(path, newline="") as f:
-                rows = [r for r in csv.DictReader(f) if int(float(r["step"])) <= keep_until]
-            with atomic_write_path(path) as tmp, open(tmp, "w", newline="") as f:
-                if rows:
-                    writer = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
-                    writer.writeheader()
-                    writer.writerows(rows)
-            self.fields = list(rows[0].keys()) if rows else None
-        elif path.exists():
-            path.unlink()
-
-    def write(self, row: Mapping[str, Any]) -> None:
-        new = self.fields is None
-        if new:
-            self.fields = list(row.keys())
-        with open(self.path, "a", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=self.fields, extrasaction="ignore")
-            if new:
-                writer.writeheader()
-            writer.writerow(row)
-
-
 class _PackedSampler:
     """All training columns in one (N, D) tensor, so drawing a batch is one `index_select`.
 
@@ -344,6 +312,10 @@ class _PackedSampler:
         self.widths = [p.shape[1] for p in parts]
         self.packed = torch.cat(parts, dim=1).contiguous()
         self.n = n
+
+    def sample(self, generator: torch.Generator, batch_size: int) -> Batch:
+        index = torch.randint(self.n, (batch_size,), generator=generator, device=generator.device)
+        return self(index)
 
     def __call__(self, index: torch.Tensor) -> Batch:
         rows = self.packed.index_select(0, index).split(self.widths, dim=1)
@@ -509,12 +481,15 @@ class OfflineAlgorithm(BaseEstimator):
                 f"({dataset.discrete_actions} actions); use a discrete-action method such as BC"
             )
 
+        self._check_labels(dataset)
+
         # The length of this run, for schedules built in `_build` (IQL's cosine actor LR).
         self._fit_n_steps = n_steps
         generator = torch.Generator(device=device)
         start = 0
         if resume and checkpoint_path is not None and checkpoint_path.exists():
-            start = self._load_checkpoint(checkpoint_path, generator)
+            start = int(read_checkpoint(checkpoint_path, self, generator)["step"])
+            self.n_steps_done_ = start
             if (self.spec_["observation_dim"], self.spec_["action_dim"]) != (dataset.observation_dim, dataset.action_dim):
                 raise ValueError(
                     f"checkpoint {checkpoint_path} was trained on observation/action dims "
@@ -528,122 +503,61 @@ class OfflineAlgorithm(BaseEstimator):
             self._build_all(self._make_spec(dataset))
             self.n_steps_done_ = 0
             self.history_ = []
-        sampler = _PackedSampler(self._training_columns(dataset))
-        n = dataset.n_transitions
+        sampler = self._make_sampler(dataset)
         batch_size = int(getattr(self, "batch_size", 256))
-
-        train_log = eval_log = None
-        writer = None
-        if log_path is not None:
-            keep = start if resume else None
-            train_log = _CSVLog(log_path / "train.csv", keep)
-            eval_log = _CSVLog(log_path / "eval.csv", keep)
-            writer = _tensorboard_writer(log_path)
-        eval_every = eval_every or max(n_steps // 10, 1)
-        callbacks = list(callbacks)
-        bar = tqdm(total=n_steps, initial=start, desc=type(self).__name__, disable=not progress, dynamic_ncols=True)
-        self._set_eval_mode(True)
+        monitor = TrainingMonitor(self, n_steps, start=start, log_every=log_every, eval_env=eval_env,
+                                  eval_every=eval_every, eval_episodes=eval_episodes, callbacks=callbacks,
+                                  callbacks_on="log", log_dir=log_path, resume=resume, progress=progress,
+                                  checkpoint_path=checkpoint_path)
+        self._set_training_mode(True)
         latest: dict[str, torch.Tensor] = {}
-        last_checked = start
-        shown = start
         update = self._update
         try:
             for step in range(start, n_steps):
-                index = torch.randint(n, (batch_size,), generator=generator, device=device)
-                latest = update(sampler(index), step)
+                latest = update(sampler.sample(generator, batch_size), step)
                 done = step + 1
-                is_log = done % log_every == 0 or done == n_steps
                 is_checkpoint = bool(checkpoint_path is not None and checkpoint_every
                                      and (done % checkpoint_every == 0 or done == n_steps))
-                is_eval = eval_env is not None and (done % eval_every == 0 or done == n_steps)
-                if not (is_log or is_checkpoint or is_eval):
+                if not (is_checkpoint or monitor.needs_host(done)):
                     continue
                 self.n_steps_done_ = done
-                bar.update(done - shown)
-                shown = done
-                values = self._finite_metrics(latest, done, checkpoint_path, last_checked)
-                last_checked = done
-                if is_log:
-                    bar.set_postfix({k: f"{v:.3g}" for k, v in list(values.items())[:4]}, refresh=False)
-                    if train_log is not None:
-                        train_log.write({"step": done, **values})
-                    if writer is not None:
-                        for key, value in values.items():
-                            writer.add_scalar(f"train/{key}", value, done)
-                if is_eval:
-                    result = self.evaluate(eval_env, n_episodes=eval_episodes, seed=0)
-                    row = {"step": done, "return_mean": result["return_mean"], "return_std": result["return_std"],
-                           "normalized_score_mean": result.get("normalized_score_mean", float("nan")),
-                           "normalized_score_std": result.get("normalized_score_std", float("nan"))}
-                    self.history_.append(row)
-                    if progress:
-                        bar.write(f"step {done}: return {row['return_mean']:.2f} ± {row['return_std']:.2f}"
-                                  + (f", normalised score {row['normalized_score_mean']:.1f}"
-                                     if math.isfinite(row["normalized_score_mean"]) else ""))
-                    if eval_log is not None:
-                        eval_log.write(row)
-                    if writer is not None:
-                        writer.add_scalar("eval/return_mean", row["return_mean"], done)
-                        if math.isfinite(row["normalized_score_mean"]):
-                            writer.add_scalar("eval/normalized_score", row["normalized_score_mean"], done)
-                if is_checkpoint:
-                    self._save_checkpoint(checkpoint_path, generator)
-                # Callbacks run last, so a run they stop has its evaluation and checkpoint of this step.
-                if is_log and any(cb(self, done, values) is False for cb in callbacks):
+
+                def checkpoint(done: int = done) -> None:
+                    if is_checkpoint:
+                        if monitor.last_checked != done:  # never checkpoint a diverged state
+                            monitor.finite(latest, done)
+                        write_checkpoint(checkpoint_path, self, generator, done)
+
+                if not monitor.after_step(done, latest, before_callbacks=checkpoint):
                     break
         finally:
-            bar.close()
-            if writer is not None:
-                writer.close()
+            monitor.close()
         self.last_metrics_ = {k: float(v) for k, v in latest.items()}
         return self
 
-    def _finite_metrics(self, metrics: Mapping[str, torch.Tensor], step: int, checkpoint_path: Path | None,
-                        last_checked: int | None = None) -> dict[str, float]:
-        values = {k: float(v) for k, v in metrics.items()}
-        for key, value in values.items():
-            if not math.isfinite(value):
-                where = (f"; the last good checkpoint is {checkpoint_path}" if checkpoint_path is not None and checkpoint_path.exists()
-                         else "")
-                since = (f" (losses are checked every log_every steps; all were finite at step {last_checked})"
-                         if last_checked is not None and last_checked < step - 1 else "")
-                raise TrainingDivergedError(
-                    f"{type(self).__name__}: loss {key!r} became {value} at step {step}{since}{where}. "
-                    "Lower the learning rate, check the rewards' scale, or enable observation normalisation"
-                )
-        return values
+    def _make_sampler(self, dataset: Dataset) -> Any:
+        """The sampler hook: what `fit` draws each batch from (`sampler.sample(generator, batch_size)`).
 
-    # ------------------------------------------------------------------ checkpoints
-    def _save_checkpoint(self, path: Path, generator: torch.Generator) -> None:
-        from offrl.serialization import model_payload
+        Default: uniform transitions of the training columns.  Algorithms
+        that learn from segments (Decision Transformer) or from a mixture
+        of datasets (ReCOIL) return another sampler here.
+        """
+        return _PackedSampler(self._training_columns(dataset))
 
-        payload = model_payload(self, include_optimizers=True)
-        payload["checkpoint"] = {
-            "step": self.n_steps_done_,
-            "torch_rng": torch.get_rng_state(),
-            "generator": generator.get_state(),
-            "history": [dict(r) for r in self.history_],
-        }
-        if torch.cuda.is_available():
-            payload["checkpoint"]["cuda_rng"] = torch.cuda.get_rng_state_all()
-        with atomic_write_path(path) as tmp:
-            torch.save(payload, tmp)
+    #: Dataset columns the algorithm learns from; `fit` refuses a dataset where one is missing or masked.
+    required_labels: tuple[str, ...] = ("rewards", "actions")
 
-    def _load_checkpoint(self, path: Path, generator: torch.Generator) -> int:
-        import json
-
-        payload = torch.load(path, map_location="cpu", weights_only=True)
-        if payload.get("class", "").split(":")[-1] != type(self).__qualname__:
-            raise ValueError(f"checkpoint {path} belongs to {payload.get('class')}, not {type(self).__name__}")
-        self._restore(json.loads(payload["spec"]), payload["state"], json.loads(payload["attributes"]))
-        ckpt = payload["checkpoint"]
-        torch.set_rng_state(ckpt["torch_rng"])
-        generator.set_state(ckpt["generator"])
-        if "cuda_rng" in ckpt and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(ckpt["cuda_rng"])
-        self.history_ = list(ckpt["history"])
-        self.n_steps_done_ = int(ckpt["step"])
-        return self.n_steps_done_
+    def _check_labels(self, dataset: Dataset) -> None:
+        missing = [name for name in self.required_labels
+                   if hasattr(dataset, "is_labelled") and not dataset.is_labelled(name)]
+        if not missing:
+            return
+        name = missing[0]
+        mask = dataset.label_mask(name)
+        how = "is missing" if mask is not None and not mask.any() else f"is missing for {int((~mask).sum())} of {len(mask)} rows"
+        fix = (_LABELLERS[name] if name in _LABELLERS else f"dataset.with_{name}(...)")
+        raise ValueError(f"{type(self).__name__} learns from {name}, but the dataset's {name} column {how}; "
+                         f"fill it first: {fix}")
 
 
 def _seed_from(random_state: Any) -> int:
@@ -656,9 +570,9 @@ def _seed_from(random_state: Any) -> int:
     return int(random_state)
 
 
-def _tensorboard_writer(log_path: Path) -> Any:
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except Exception:  # tensorboard not installed
-        return None
-    return SummaryWriter(str(log_path / "tensorboard"))
+_LABELLERS = {
+    "rewards": "dataset.with_rewards(...), or a reward labeller from offrl.reward_labeling (OTRewardLabeler, "
+               "RewardModelLabeler) in a Pipeline before the algorithm",
+    "actions": "dataset.with_actions(...), or offrl.reward_labeling.InverseDynamicsLabeler in a Pipeline before "
+               "the algorithm",
+}

@@ -235,11 +235,11 @@ class SAC(BaseEstimator):
         act = np.asarray(actions, dtype=np.float32).reshape(len(obs), -1)
         if act.shape[1] != self.spec_["action_dim"]:
             raise ValueError(f"actions has shape {np.asarray(actions).shape}; expected (n, {self.spec_['action_dim']})")
-        self._set_eval_mode(False)
+        self._set_training_mode(False)
         try:
             value = self.policy_.log_prob(self.obs_normalizer_(obs), torch.as_tensor(act, device=self.device_))
         finally:
-            self._set_eval_mode(True)
+            self._set_training_mode(True)
         value = value.float().cpu().numpy()
         return value[0] if single else value
 
@@ -389,7 +389,7 @@ class SAC(BaseEstimator):
         metrics: dict[str, torch.Tensor] = {}
         values: dict[str, float] = {}
         bar = tqdm(total=n_steps, initial=start, desc="SAC", disable=not progress, dynamic_ncols=True)
-        self._set_eval_mode(True)
+        self._set_training_mode(True)
         try:
             for step in range(start, n_steps):
                 obs_t = torch.as_tensor(np.asarray(obs, np.float32), device=device).unsqueeze(0)

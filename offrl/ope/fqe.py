@@ -285,7 +285,7 @@ class FQE(OfflineAlgorithm):
     def _member_q(self, obs: np.ndarray, actions: np.ndarray, steps_to_go: np.ndarray | None) -> np.ndarray:
         """(n_critics, n) Q in reward units."""
         self._check_fitted()
-        self._set_eval_mode(False)
+        self._set_training_mode(False)
         try:
             out = []
             for i in range(0, len(obs), _CHUNK):
@@ -297,7 +297,7 @@ class FQE(OfflineAlgorithm):
                     stg = torch.as_tensor(np.asarray(s, np.float32), device=self.device_)
                 out.append(self._q(self.critic_, self._input(o, stg), a).double().cpu().numpy())
         finally:
-            self._set_eval_mode(True)
+            self._set_training_mode(True)
         return np.concatenate(out, axis=1) * self._q_unit()
 
     @property
