@@ -102,6 +102,7 @@ class TrainingMonitor:
         unit: str = "step",
         row_extras: Callable[[], dict[str, float]] | None = None,
         checkpoint_path: Path | None = None,
+        history: list | None = None,
     ) -> None:
         from tqdm.auto import tqdm
 
@@ -120,6 +121,7 @@ class TrainingMonitor:
         self.row_extras = row_extras
         self.checkpoint_path = checkpoint_path
         self.progress = progress
+        self.history = estimator.history_ if history is None else history
         self.last_checked = start
         self.values: dict[str, float] = {}
         self.train_log = self.eval_log = self.writer = None
@@ -135,11 +137,14 @@ class TrainingMonitor:
         self.shown = start
 
     # ------------------------------------------------------------------ schedule
-    def is_log_step(self, done: int) -> bool:
-        return done % self.log_every == 0 or done == self.n_steps
+    def is_log_step(self, done: int, prev: int | None = None) -> bool:
+        """Whether a multiple of `log_every` lies in (prev, done] (prev = done - 1 unless a step took k > 1 env steps)."""
+        prev = done - 1 if prev is None else prev
+        return done // self.log_every > prev // self.log_every or done == self.n_steps
 
-    def is_eval_step(self, done: int) -> bool:
-        return done % self.eval_every == 0 or done == self.n_steps
+    def is_eval_step(self, done: int, prev: int | None = None) -> bool:
+        prev = done - 1 if prev is None else prev
+        return done // self.eval_every > prev // self.eval_every or done == self.n_steps
 
     def needs_host(self, done: int) -> bool:
         """Whether `after_step(done, ...)` does anything beyond counting (so the loop may skip it)."""
@@ -162,15 +167,15 @@ class TrainingMonitor:
         self.last_checked = step
         return values
 
-    def after_step(self, done: int, metrics: Mapping[str, torch.Tensor], *, before_callbacks: Callable[[], None] | None = None
-                   ) -> bool:
+    def after_step(self, done: int, metrics: Mapping[str, torch.Tensor], *, prev: int | None = None,
+                   before_callbacks: Callable[[], None] | None = None) -> bool:
         """Log / evaluate / call back at step `done` as scheduled; False when a callback asked to stop.
 
         `before_callbacks` runs after logging and evaluation and before the
         callbacks (the offline loop writes its checkpoint there, so a run a
         callback stops has the checkpoint of that step).
         """
-        is_log, is_eval = self.is_log_step(done), self.is_eval_step(done)
+        is_log, is_eval = self.is_log_step(done, prev), self.is_eval_step(done, prev)
         if done > self.shown:
             self.bar.update(done - self.shown)
             self.shown = done
@@ -214,7 +219,7 @@ class TrainingMonitor:
                 self.writer.add_scalar("eval/return_mean", row["return_mean"], done)
                 if math.isfinite(row["normalized_score_mean"]):
                     self.writer.add_scalar("eval/normalized_score", row["normalized_score_mean"], done)
-        self.estimator.history_.append(row)
+        self.history.append(row)
         return row
 
     def set_postfix(self, values: Mapping[str, str]) -> None:
@@ -228,7 +233,7 @@ class TrainingMonitor:
 
 # ---------------------------------------------------------------------- checkpoints
 def write_checkpoint(path: Path, estimator: Any, generator: torch.Generator, step: int,
-                     extra: Mapping[str, Any] | None = None, key: str = "checkpoint") -> None:
+                     extra: Mapping[str, Any] | None = None, key: str = "checkpoint", history: list | None = None) -> None:
     """Model payload with optimisers + RNG states + history (+ `extra`), written atomically to `path`."""
     from offrl.serialization import model_payload
 
@@ -237,7 +242,7 @@ def write_checkpoint(path: Path, estimator: Any, generator: torch.Generator, ste
         "step": int(step),
         "torch_rng": torch.get_rng_state(),
         "generator": generator.get_state(),
-        "history": [dict(r) for r in getattr(estimator, "history_", [])],
+        "history": [dict(r) for r in (estimator.history_ if history is None else history)],
         **dict(extra or {}),
     }
     if torch.cuda.is_available():
@@ -248,9 +253,9 @@ def write_checkpoint(path: Path, estimator: Any, generator: torch.Generator, ste
 
 
 def read_checkpoint(path: Path, estimator: Any, generator: torch.Generator, key: str = "checkpoint") -> dict[str, Any]:
-    """Restore `estimator` (networks, optimisers, fitted attributes, history) and the RNGs from `path`.
+    """Restore `estimator` (networks, optimisers, fitted attributes) and the RNGs from `path`.
 
-    Returns the checkpoint's dict (its `step` and the loop's `extra` entries).
+    Returns the checkpoint's dict (its `step`, `history` and the loop's `extra` entries).
     """
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
@@ -266,5 +271,4 @@ def read_checkpoint(path: Path, estimator: Any, generator: torch.Generator, key:
     generator.set_state(ckpt["generator"])
     if "cuda_rng" in ckpt and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(ckpt["cuda_rng"])
-    estimator.history_ = list(ckpt["history"])
     return ckpt

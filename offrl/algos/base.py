@@ -35,6 +35,7 @@ from sklearn.exceptions import NotFittedError
 from torch import nn
 
 from offrl.datasets.core import Batch, Dataset, atomic_write_path
+from offrl.nn import DeterministicPolicy
 from offrl.monitor import TrainingDivergedError, TrainingMonitor, read_checkpoint, write_checkpoint
 
 __all__ = [
@@ -488,8 +489,9 @@ class OfflineAlgorithm(BaseEstimator):
         generator = torch.Generator(device=device)
         start = 0
         if resume and checkpoint_path is not None and checkpoint_path.exists():
-            start = int(read_checkpoint(checkpoint_path, self, generator)["step"])
-            self.n_steps_done_ = start
+            checkpoint = read_checkpoint(checkpoint_path, self, generator)
+            start = self.n_steps_done_ = int(checkpoint["step"])
+            self.history_ = list(checkpoint["history"])
             if (self.spec_["observation_dim"], self.spec_["action_dim"]) != (dataset.observation_dim, dataset.action_dim):
                 raise ValueError(
                     f"checkpoint {checkpoint_path} was trained on observation/action dims "
@@ -534,6 +536,114 @@ class OfflineAlgorithm(BaseEstimator):
             monitor.close()
         self.last_metrics_ = {k: float(v) for k, v in latest.items()}
         return self
+
+    # ------------------------------------------------------------------ online fine-tuning
+    def fit_online(
+        self,
+        env: Any,
+        n_steps: int,
+        *,
+        strategy: Any = "naive",
+        offline_dataset: Dataset | str | None = None,
+        n_envs: int = 1,
+        buffer_size: int = 1_000_000,
+        exploration_noise: float = 0.1,
+        eval_env: Any = None,
+        eval_every: int | None = None,
+        eval_episodes: int = 10,
+        callbacks: Iterable[Callable[[Any, int, dict[str, float]], Any]] = (),
+        log_dir: str | os.PathLike | None = None,
+        checkpoint_every: int | None = None,
+        resume: bool = False,
+        progress: bool = True,
+        log_every: int | None = None,
+    ) -> "OfflineAlgorithm":
+        """Continue a fitted algorithm online for `n_steps` environment steps; return self.
+
+        The networks, optimisers and training-unit transforms (observation
+        normalisation, reward scale) are the offline ones, and the update is
+        the offline `_update` on replay batches.  `strategy` is an
+        `offrl.online.OnlineStrategy` (or "naive": no warm-up, one update per
+        step); with `offline_dataset` the replay buffer starts with that data
+        (the naive recipe).  Stochastic policies explore by sampling,
+        deterministic ones (TD3+BC) by Gaussian noise of `exploration_noise`
+        times the action range's half-width.  Counters and evaluation rows go
+        to `online_steps_done_`, `online_history_` etc., so the offline
+        `history_` stays as it was.  `log_dir` gets train.csv, eval.csv and
+        (with `checkpoint_every`) checkpoint.pt; `resume=True` continues an
+        interrupted run exactly.
+        """
+        from offrl.datasets import load as load_dataset
+        from offrl.online.loop import FINE_TUNING_NAMES, OnlineStrategy, make_envs, run_online
+
+        self._check_fitted()
+        if not self.has_critic:
+            raise ValueError(f"{type(self).__name__} has no critic to continue online; fine-tune an algorithm with one "
+                             "(TD3PlusBC, IQL, CQL, CalQL)")
+        if isinstance(strategy, str):
+            if strategy != "naive":
+                raise ValueError(f"strategy {strategy!r} is unknown; use 'naive' or an offrl.online.OnlineStrategy")
+            strategy = OnlineStrategy()
+        if not isinstance(strategy, OnlineStrategy):
+            raise TypeError(f"strategy must be 'naive' or an OnlineStrategy, got {type(strategy).__name__}")
+        if isinstance(offline_dataset, (str, os.PathLike)):
+            offline_dataset = load_dataset(offline_dataset)
+        if offline_dataset is not None:
+            self._check_labels(offline_dataset)
+        if float(exploration_noise) < 0:
+            raise ValueError(f"exploration_noise must be non-negative, got {exploration_noise}")
+        self._exploration_noise = float(exploration_noise)
+        log_every = int(log_every if log_every is not None else getattr(self, "log_every", 100))
+        if (checkpoint_every or resume) and log_dir is None:
+            raise ValueError("checkpoint_every and resume need a log_dir to keep the checkpoint in")
+        checkpoint_path = None if log_dir is None else Path(log_dir) / "online_checkpoint.pt"
+        envs = make_envs(env, n_envs)
+        return run_online(
+            self, envs, n_steps, strategy=strategy, names=FINE_TUNING_NAMES, start_fresh=lambda: None,
+            batch_size=int(getattr(self, "batch_size", 256)), buffer_size=buffer_size, offline_dataset=offline_dataset,
+            eval_env=eval_env, eval_every=eval_every, eval_episodes=eval_episodes, callbacks=callbacks,
+            log_every=log_every, log_dir=log_dir, checkpoint_path=checkpoint_path if (checkpoint_every or resume) else None,
+            checkpoint_every=checkpoint_every, resume=resume, progress=progress,
+            seed=_seed_from(getattr(self, "random_state", None)) + 1, desc=f"{type(self).__name__} online")
+
+    @property
+    def has_critic(self) -> bool:
+        return type(self)._value is not BaseEstimator._value
+
+    def _online_act(self, obs: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """Exploration actions for raw observations: a policy sample, or the deterministic action plus noise."""
+        policy = self.policy_
+        with torch.no_grad():
+            obs = self.obs_normalizer_(obs)
+            self._set_training_mode(False)
+            try:
+                if isinstance(policy, DeterministicPolicy):
+                    actions = policy(obs)[0]
+                    noise = torch.randn(actions.shape, generator=generator, device=actions.device, dtype=actions.dtype)
+                    actions = actions + noise * self._exploration_noise * policy.action_scale
+                    low, high = policy.action_bias - policy.action_scale, policy.action_bias + policy.action_scale
+                    return torch.minimum(torch.maximum(actions, low), high), torch.zeros(len(actions), device=obs.device)
+                actions, log_probs = policy(obs, deterministic=False, with_log_prob=True)
+                return actions, log_probs
+            finally:
+                self._set_training_mode(True)
+
+    def _online_update(self, batch: Batch) -> dict[str, torch.Tensor]:
+        """The offline update on a replay batch, in the training units fixed at the offline fit."""
+        spec = self.spec_
+        normalizer = self.obs_normalizer_
+        with torch.no_grad():
+            batch.observations = normalizer(batch.observations)
+            batch.next_observations = normalizer(batch.next_observations)
+            batch.rewards = batch.rewards * float(spec.get("reward_scale", 1.0)) + float(spec.get("reward_bias", 0.0))
+        # Step numbers continue the offline count (TD3's policy delay, schedules that ended stay ended).
+        return self._update(batch, int(self.n_steps_done_) + int(self.online_updates_done_))
+
+    def _online_extra_names(self) -> tuple[str, ...]:
+        return tuple(getattr(self, "extra_column_names", ()))
+
+    def _online_extras(self, episode: Dataset) -> dict[str, np.ndarray]:
+        return {k: np.asarray(v, np.float32) for k, v in self._extra_columns(episode).items()}
 
     def _make_sampler(self, dataset: Dataset) -> Any:
         """The sampler hook: what `fit` draws each batch from (`sampler.sample(generator, batch_size)`).

@@ -24,10 +24,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from offrl.algos.base import BaseEstimator, TrainingDivergedError, _seed_from
+from offrl.algos.base import BaseEstimator, _seed_from, make_adam
 from offrl.datasets.core import Batch, atomic_write_path
 from offrl.nn import QEnsemble, TanhGaussianPolicy, soft_update_
-from offrl.online.replay import ReplayBuffer
+from offrl.online.loop import episode_seed
 
 __all__ = ["SAC", "sac_critic_loss", "sac_actor_loss", "sac_temperature_loss", "episode_seed"]
 
@@ -48,14 +48,6 @@ def sac_temperature_loss(log_alpha: torch.Tensor, log_prob: torch.Tensor, target
     return -(log_alpha * (log_prob.detach() + target_entropy)).mean()
 
 
-def episode_seed(seed: int, stream: int, *index: int) -> int:
-    """A seed for episode `index` of stream `stream` (e.g. an env reset), independent across streams and indices."""
-    return int(np.random.SeedSequence([int(seed) % 2**63, int(stream), *map(int, index)]).generate_state(1)[0])
-
-
-_TRAIN_STREAM = 1
-
-
 class Temperature(nn.Module):
     """Holds SAC's log alpha as a parameter (a module, so model files keep it)."""
 
@@ -67,16 +59,14 @@ class Temperature(nn.Module):
         return self.log_alpha.exp()
 
 
-def _adam(params: Iterable[nn.Parameter], lr: float, device: torch.device) -> torch.optim.Adam:
-    """Adam with fused kernels on CUDA and foreach kernels elsewhere.
+def _adam_kernel(device: torch.device) -> str:
+    """Fused Adam on CUDA, foreach elsewhere.
 
     On this project's CPU, fused and foreach measured the same within noise for a whole SAC update
     (12.5-13.9 ms); foreach stays the CPU choice because the recorded dataset builds used it (changing the
     kernel changes the last bits, and so the run).
     """
-    if device.type == "cuda":
-        return torch.optim.Adam(params, lr=lr, fused=True)
-    return torch.optim.Adam(params, lr=lr, foreach=device.type != "mps")
+    return "fused" if device.type == "cuda" else "foreach"
 
 
 class SAC(BaseEstimator):
@@ -153,9 +143,9 @@ class SAC(BaseEstimator):
         self.critic_ = QEnsemble(obs_dim, act_dim, n_critics=2, hidden_dims=hidden).to(device)
         self.critic_target_ = copy.deepcopy(self.critic_).requires_grad_(False)
         self.temperature_ = Temperature(self.init_alpha).to(device)
-        self.actor_optimizer_ = _adam(self.policy_.parameters(), self.actor_lr or self.lr, device)
-        self.critic_optimizer_ = _adam(self.critic_.parameters(), self.critic_lr or self.lr, device)
-        self.alpha_optimizer_ = _adam(self.temperature_.parameters(), self.alpha_lr or self.lr, device)
+        self.actor_optimizer_ = make_adam(self.policy_.parameters(), self.actor_lr or self.lr, device, kernel=_adam_kernel(device))
+        self.critic_optimizer_ = make_adam(self.critic_.parameters(), self.critic_lr or self.lr, device, kernel=_adam_kernel(device))
+        self.alpha_optimizer_ = make_adam(self.temperature_.parameters(), self.alpha_lr or self.lr, device, kernel=_adam_kernel(device))
         self.target_entropy_ = float(-act_dim if self.target_entropy is None else self.target_entropy)
         self._critic_params = list(self.critic_.parameters())
 
@@ -248,13 +238,6 @@ class SAC(BaseEstimator):
         return float(-np.log(np.asarray(self.spec_["action_high"]) - np.asarray(self.spec_["action_low"])).sum())
 
     # ------------------------------------------------------------------ learning
-    def _autocast(self) -> contextlib.AbstractContextManager:
-        if self.precision == "fp32":
-            return contextlib.nullcontext()
-        if self.precision != "bf16":
-            raise ValueError(f"precision must be 'fp32' or 'bf16', got {self.precision!r}")
-        return torch.autocast(self.device_.type, dtype=torch.bfloat16)
-
     def update(self, batch: Batch) -> dict[str, torch.Tensor]:
         """One SAC gradient step on `batch` (critics, then policy, then temperature, then targets).
 
@@ -299,23 +282,27 @@ class SAC(BaseEstimator):
             "q_mean": q.detach().mean(),
         }
 
-    def init_replay_buffer(self, capacity: int | None = None) -> ReplayBuffer:
-        """A fresh replay buffer sized for this estimator (stored as `replay_buffer_`)."""
-        self._check_fitted()
-        self.replay_buffer_ = ReplayBuffer(int(capacity or self.buffer_size), self.spec_["observation_dim"],
-                                           self.spec_["action_dim"], self.device_)
-        return self.replay_buffer_
-
     # ------------------------------------------------------------------ online training
+    def _online_act(self, obs: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.sample_with_log_prob(self.obs_normalizer_(obs), generator)
+
+    def _online_update(self, batch: Batch) -> dict[str, torch.Tensor]:
+        return self.update(batch)
+
+    def _online_extra_names(self) -> tuple[str, ...]:
+        return ()
+
     def fit_online(
         self,
         env: Any,
         n_steps: int | None = None,
         *,
+        n_envs: int = 1,
         eval_env: Any = None,
         eval_every: int | None = None,
         eval_episodes: int = 10,
         callbacks: Iterable[Callable[["SAC", int, dict[str, float]], Any]] = (),
+        log_dir: str | os.PathLike | None = None,
         checkpoint_path: str | os.PathLike | None = None,
         checkpoint_every: int | None = None,
         resume: bool = False,
@@ -323,172 +310,49 @@ class SAC(BaseEstimator):
     ) -> "SAC":
         """Train online for `n_steps` environment steps (default: the `n_steps` hyper-parameter); return self.
 
-        Episode i is reset with seed `episode_seed(seed_, 1, i)`; actions and
-        replay batches come from a seeded generator and the update's noise
-        from the (seeded) global torch RNG, so a fixed `random_state` gives
-        the same run on the same machine and thread count.  Every `eval_every` steps (default n_steps / 10)
-        `eval_env` is evaluated with the deterministic policy and the
-        callbacks are called as `callback(sac, step, metrics)`; a callback
-        returning False stops training.  With `checkpoint_path` the whole
-        run (networks, optimisers, replay buffer, generators) is written
-        atomically at the first episode end after every `checkpoint_every`
-        steps and at the end; `resume=True` continues from it to the same
-        result as an uninterrupted run.
+        Runs the shared online loop (`offrl.online.loop.run_online`) with
+        `learning_starts` uniformly random warm-up steps and `utd_ratio`
+        updates per step.  `env` is an env, a gymnasium id (with `n_envs`
+        copies stepped in lock step) or a list of envs.  Episode j is reset
+        with seed `episode_seed(seed_, 1, j)`; actions and replay batches come
+        from a seeded generator and the update's noise from the (seeded) global
+        torch RNG, so a fixed `random_state` gives the same run on the same
+        machine and thread count.  Every `eval_every` steps (default
+        n_steps / 10) `eval_env` is evaluated with the deterministic policy
+        and the callbacks are called as `callback(sac, step, row)`; a callback
+        returning False stops training.  `log_dir` receives train.csv /
+        eval.csv (and its checkpoint.pt when `checkpoint_path` is not given).
+        With a checkpoint path the whole run (networks, optimisers, replay
+        buffer, generators) is written atomically at the first episode end
+        after every `checkpoint_every` steps and at the end; `resume=True`
+        continues from it to the same result as an uninterrupted run.
         """
-        from tqdm.auto import tqdm
+        from offrl.online.loop import OnlineNames, OnlineStrategy, make_envs, run_online
 
-        from offrl.evaluation import make_env
-
-        env = make_env(env)
+        envs = make_envs(env, n_envs)
         n_steps = int(self.n_steps if n_steps is None else n_steps)
-        if n_steps < 1:
-            raise ValueError(f"n_steps must be at least 1, got {n_steps}")
         if self.precision not in ("fp32", "bf16"):
             raise ValueError(f"precision must be 'fp32' or 'bf16', got {self.precision!r}")
-        spec = self.spec_from_env(env)
-        checkpoint = None if checkpoint_path is None else Path(checkpoint_path)
-        if resume and checkpoint is None:
-            raise ValueError("resume=True needs the checkpoint_path to resume from")
-        device = self.device_
-        generator = torch.Generator(device=device)
-        if resume and checkpoint.exists():
-            at_boundary = self._load_online_checkpoint(checkpoint, generator)
-            if (self.spec_["observation_dim"], self.spec_["action_dim"]) != (spec["observation_dim"], spec["action_dim"]):
-                raise ValueError(f"checkpoint {checkpoint} was trained on another task (dims differ from {_env_name(env)})")
-            if self.n_steps_done_ >= n_steps:
-                return self  # the run had already finished
-            if not at_boundary:
-                raise ValueError(
-                    f"checkpoint {checkpoint} ends a finished run of {self.n_steps_done_} steps in mid-episode, so it "
-                    f"cannot be continued to {n_steps} steps; train a new run (resume=False)"
-                )
-        else:
-            self.seed_ = _seed_from(self.random_state)
-            torch.manual_seed(self.seed_)
-            generator.manual_seed(self.seed_)
+        spec = self.spec_from_env(envs[0])
+        if checkpoint_path is None and log_dir is not None:
+            checkpoint_path = Path(log_dir) / "checkpoint.pt"
+
+        def start_fresh() -> None:
             self._build_all(spec)
-            self.init_replay_buffer(min(int(self.buffer_size), n_steps))
-            self.n_steps_done_ = 0
-            self.n_episodes_done_ = 0
-            self.n_updates_done_ = 0
-            self.history_ = []
-            self.episode_returns_ = []
-        start = self.n_steps_done_
-        eval_every = int(eval_every or max(n_steps // 10, 1))
-        callbacks = list(callbacks)
-        low = torch.as_tensor(spec["action_low"], device=device)
-        high = torch.as_tensor(spec["action_high"], device=device)
-        uniform_log_prob = self.uniform_log_prob()
-        buffer = self.replay_buffer_
-        batch_size = int(self.batch_size)
 
-        # Runs start and resume at an episode boundary, with a reset seeded by the episode's index.
-        obs, _ = env.reset(seed=episode_seed(self.seed_, _TRAIN_STREAM, self.n_episodes_done_))
-        episode_return, episode_length = 0.0, 0
-        last_checkpoint = start
-        metrics: dict[str, torch.Tensor] = {}
-        values: dict[str, float] = {}
-        bar = tqdm(total=n_steps, initial=start, desc="SAC", disable=not progress, dynamic_ncols=True)
-        self._set_training_mode(True)
+        strategy = OnlineStrategy(warmup_steps=int(self.learning_starts), warmup_actions="uniform",
+                                  utd_ratio=int(self.utd_ratio), keep_offline_data=False)
         try:
-            for step in range(start, n_steps):
-                obs_t = torch.as_tensor(np.asarray(obs, np.float32), device=device).unsqueeze(0)
-                if step < self.learning_starts:
-                    action_t = low + (high - low) * torch.rand(low.shape, generator=generator, device=device)
-                    log_prob = uniform_log_prob
-                    action = action_t.cpu().numpy()
-                else:
-                    action_t, log_prob_t = self.sample_with_log_prob(obs_t, generator)
-                    action = action_t[0].cpu().numpy()
-                    log_prob = float(log_prob_t[0])
-                next_obs, reward, terminated, truncated, _ = env.step(action)
-                buffer.add(obs, action, reward, next_obs, float(terminated), float(truncated and not terminated), log_prob)
-                episode_return += float(reward)
-                episode_length += 1
-                done = step + 1
-                if done > self.learning_starts:
-                    for _ in range(int(self.utd_ratio)):
-                        metrics = self.update(buffer.sample(batch_size, generator))
-                    self.n_updates_done_ += int(self.utd_ratio)
-                self.n_steps_done_ = done
-                bar.update(1)
-                episode_over = terminated or truncated
-                if episode_over:
-                    self.episode_returns_.append(episode_return)
-                    self.n_episodes_done_ += 1
-                    bar.set_postfix({"return": f"{episode_return:.1f}", **{k: f"{v:.3g}" for k, v in list(values.items())[:3]}},
-                                    refresh=False)
-                    episode_return, episode_length = 0.0, 0
-                    obs, _ = env.reset(seed=episode_seed(self.seed_, _TRAIN_STREAM, self.n_episodes_done_))
-                else:
-                    obs = next_obs
-                if metrics and (done % self.log_every == 0 or done == n_steps):
-                    values = self._check_finite(metrics, done)
-                if done % eval_every == 0 or done == n_steps:
-                    row: dict[str, float] = {"step": done, **(self._check_finite(metrics, done) if metrics else {})}
-                    if self.episode_returns_:
-                        row["train_return"] = self.episode_returns_[-1]
-                    if eval_env is not None:
-                        result = self.evaluate(eval_env, n_episodes=eval_episodes, seed=0)
-                        row["return_mean"], row["return_std"] = result["return_mean"], result["return_std"]
-                        bar.write(f"step {done}: return {result['return_mean']:.2f} ± {result['return_std']:.2f}")
-                    self.history_.append(row)
-                    if any(cb(self, done, row) is False for cb in callbacks):
-                        break
-                if checkpoint is not None and (done == n_steps or (
-                        episode_over and checkpoint_every and done - last_checkpoint >= checkpoint_every)):
-                    self._save_online_checkpoint(checkpoint, generator, episode_over)
-                    last_checkpoint = done
+            return run_online(
+                self, envs, n_steps, strategy=strategy, names=OnlineNames(), start_fresh=start_fresh,
+                batch_size=int(self.batch_size), buffer_size=int(self.buffer_size), eval_env=eval_env,
+                eval_every=eval_every, eval_episodes=eval_episodes, callbacks=callbacks, log_every=int(self.log_every),
+                log_dir=log_dir, checkpoint_path=checkpoint_path, checkpoint_every=checkpoint_every, resume=resume,
+                progress=progress, seed=_seed_from(self.random_state), desc="SAC")
         finally:
-            bar.close()
-        self.last_metrics_ = {k: float(v) for k, v in metrics.items()}
-        return self
-
-    def _check_finite(self, metrics: dict[str, torch.Tensor], step: int) -> dict[str, float]:
-        values = {k: float(v) for k, v in metrics.items()}
-        for key, value in values.items():
-            if not math.isfinite(value):
-                raise TrainingDivergedError(
-                    f"SAC: {key!r} became {value} at step {step}; lower the learning rate or check the rewards' scale"
-                )
-        return values
-
-    # ------------------------------------------------------------------ checkpoints
-    def _save_online_checkpoint(self, path: Path, generator: torch.Generator, at_boundary: bool) -> None:
-        from offrl.serialization import model_payload
-
-        payload = model_payload(self, include_optimizers=True)
-        payload["online_checkpoint"] = {
-            "step": self.n_steps_done_,
-            "at_episode_boundary": bool(at_boundary),
-            "torch_rng": torch.get_rng_state(),
-            "generator": generator.get_state(),
-            "replay_buffer": self.replay_buffer_.state_dict(),
-            "history": [dict(r) for r in self.history_],
-            "episode_returns": list(map(float, self.episode_returns_)),
-        }
-        if torch.cuda.is_available():
-            payload["online_checkpoint"]["cuda_rng"] = torch.cuda.get_rng_state_all()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_write_path(path) as tmp:
-            torch.save(payload, tmp)
-
-    def _load_online_checkpoint(self, path: Path, generator: torch.Generator) -> bool:
-        import json
-
-        payload = torch.load(path, map_location="cpu", weights_only=True)
-        if payload.get("class", "").split(":")[-1] != type(self).__qualname__ or "online_checkpoint" not in payload:
-            raise ValueError(f"{path} is not a SAC online checkpoint")
-        self._restore(json.loads(payload["spec"]), payload["state"], json.loads(payload["attributes"]))
-        ckpt = payload["online_checkpoint"]
-        torch.set_rng_state(ckpt["torch_rng"])
-        generator.set_state(ckpt["generator"])
-        if "cuda_rng" in ckpt and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(ckpt["cuda_rng"])
-        self.replay_buffer_ = ReplayBuffer.from_state_dict(ckpt["replay_buffer"], self.device_)
-        self.history_ = list(ckpt["history"])
-        self.episode_returns_ = list(ckpt["episode_returns"])
-        return bool(ckpt["at_episode_boundary"])
+            if not isinstance(env, (list, tuple)) and isinstance(env, str):
+                for e in envs:
+                    e.close()
 
 
 def _env_name(env: Any) -> str:

@@ -1,7 +1,8 @@
-"""Online learning pieces: the replay buffer (and, later, offline-to-online fine-tuning)."""
+"""Online learning: the replay buffer and the one online loop that SAC and offline-to-online fine-tuning share."""
 
 from __future__ import annotations
 
+from offrl.online.loop import OnlineStrategy, episode_seed, make_envs, run_online
 from offrl.online.replay import ReplayBuffer
 
-__all__ = ["ReplayBuffer"]
+__all__ = ["ReplayBuffer", "OnlineStrategy", "run_online", "make_envs", "episode_seed"]

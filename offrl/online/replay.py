@@ -11,7 +11,7 @@ history back into a `Dataset` (D4RL's medium-replay is such a slice).
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -36,7 +36,8 @@ class ReplayBuffer:
     the ring; `n_added` counts every transition ever added.
     """
 
-    def __init__(self, capacity: int, observation_dim: int, action_dim: int, device: str | torch.device = "cpu") -> None:
+    def __init__(self, capacity: int, observation_dim: int, action_dim: int, device: str | torch.device = "cpu",
+                 extra_columns: Sequence[str] = ()) -> None:
         capacity = int(capacity)
         if capacity < 1:
             raise ValueError(f"capacity must be at least 1, got {capacity}")
@@ -46,7 +47,11 @@ class ReplayBuffer:
         self.device = torch.device(device)
         dims = {"observations": self.observation_dim, "actions": self.action_dim, "next_observations": self.observation_dim}
         self.columns: dict[str, torch.Tensor] = {}
-        for name in _COLUMNS:
+        self.extra_columns = tuple(extra_columns)
+        clash = sorted(set(self.extra_columns) & set(_COLUMNS))
+        if clash:
+            raise ValueError(f"extra_columns {clash} clash with the buffer's own columns; rename them")
+        for name in _COLUMNS + self.extra_columns:
             shape = (capacity, dims[name]) if name in dims else (capacity,)
             self.columns[name] = torch.zeros(shape, dtype=torch.float32, device=self.device)
         # On the CPU, numpy views of the same memory make single-row writes cheap.
@@ -72,8 +77,13 @@ class ReplayBuffer:
         terminals: Any,
         timeouts: Any = 0.0,
         behavior_log_probs: Any = 0.0,
+        extras: Mapping[str, Any] | None = None,
     ) -> None:
-        """Add one transition (obs of shape (obs_dim,)) or a batch (leading dimension k)."""
+        """Add one transition (obs of shape (obs_dim,)) or a batch (leading dimension k).
+
+        `extras` holds a value per transition for each of the buffer's `extra_columns` (e.g. Cal-QL's
+        Monte-Carlo returns); they default to 0.
+        """
         obs = np.asarray(observations, dtype=np.float32)
         single = obs.ndim == 1
         k = 1 if single else obs.shape[0]
@@ -84,8 +94,13 @@ class ReplayBuffer:
             "actions": np.asarray(actions, dtype=np.float32).reshape(k, self.action_dim),
             "next_observations": np.asarray(next_observations, dtype=np.float32).reshape(k, self.observation_dim),
         }
+        extras = dict(extras or {})
+        unknown = sorted(set(extras) - set(self.extra_columns))
+        if unknown:
+            raise ValueError(f"extras {unknown} are not columns of this buffer (extra_columns={list(self.extra_columns)})")
         for name, value in (("rewards", rewards), ("terminals", terminals), ("timeouts", timeouts),
-                            ("behavior_log_probs", behavior_log_probs)):
+                            ("behavior_log_probs", behavior_log_probs),
+                            *((name, extras.get(name, 0.0)) for name in self.extra_columns)):
             array = np.asarray(value, dtype=np.float32).reshape(-1)
             if array.size == 1 and k > 1:
                 array = np.broadcast_to(array, (k,))
@@ -141,7 +156,7 @@ class ReplayBuffer:
         if len(rows) == 0:
             raise ValueError(f"rows {start}:{stop} of a buffer holding {self.size} transitions are empty")
         index = torch.as_tensor(rows, device=self.device)
-        data = {k: v.index_select(0, index).cpu().numpy() for k, v in self.columns.items()}
+        data = {k: v.index_select(0, index).cpu().numpy() for k, v in self.columns.items() if k in _COLUMNS}
         return Dataset.from_arrays(
             observations=data["observations"],
             actions=data["actions"],
@@ -163,6 +178,7 @@ class ReplayBuffer:
             "position": self.position,
             "size": self.size,
             "n_added": self.n_added,
+            "extra_columns": list(self.extra_columns),
             "columns": {k: v[: self.size].cpu().clone() for k, v in self.columns.items()},
         }
 
@@ -179,18 +195,24 @@ class ReplayBuffer:
 
     @classmethod
     def from_state_dict(cls, state: Mapping[str, Any], device: str | torch.device = "cpu") -> "ReplayBuffer":
-        buffer = cls(int(state["capacity"]), int(state["observation_dim"]), int(state["action_dim"]), device)
+        buffer = cls(int(state["capacity"]), int(state["observation_dim"]), int(state["action_dim"]), device,
+                     extra_columns=tuple(state.get("extra_columns", ())))
         buffer.load_state_dict(state)
         return buffer
 
     @classmethod
-    def from_dataset(cls, dataset: Dataset, capacity: int | None = None, device: str | torch.device = "cpu") -> "ReplayBuffer":
-        """A buffer pre-filled with a Dataset's transitions (e.g. offline data for online fine-tuning)."""
+    def from_dataset(cls, dataset: Dataset, capacity: int | None = None, device: str | torch.device = "cpu",
+                     extras: Mapping[str, np.ndarray] | None = None) -> "ReplayBuffer":
+        """A buffer pre-filled with a Dataset's transitions (e.g. offline data for online fine-tuning).
+
+        `extras` are per-transition extra columns (name -> array of n_transitions values).
+        """
         if dataset.discrete_actions is not None:
             raise ValueError("ReplayBuffer stores continuous actions; this dataset has a discrete action space")
         capacity = dataset.n_transitions if capacity is None else int(capacity)
-        buffer = cls(capacity, dataset.observation_dim, dataset.action_dim, device)
+        extras = dict(extras or {})
+        buffer = cls(capacity, dataset.observation_dim, dataset.action_dim, device, extra_columns=tuple(extras))
         log_probs = dataset.behavior_log_probs if dataset.behavior_log_probs is not None else 0.0
         buffer.add(dataset.observations, dataset.actions, dataset.rewards, dataset.next_observations,
-                   dataset.terminals, dataset.timeouts, log_probs)
+                   dataset.terminals, dataset.timeouts, log_probs, extras=extras)
         return buffer
