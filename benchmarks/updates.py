@@ -102,13 +102,11 @@ def update_flops(name: str, dataset: Dataset, batch_size: int) -> float:
     """Matmul FLOPs of one update (eager fp32, mean over two consecutive steps)."""
     algo = ALGORITHMS[name](hidden_dims=(256, 256), batch_size=batch_size, device="cpu", random_state=0)
     algo.fit(dataset, n_steps=2, progress=False)  # builds networks and optimiser state
-    from offrl.algos.base import _PackedSampler
-
-    sampler = _PackedSampler(algo._training_columns(dataset))
+    sampler = algo._make_sampler(dataset)
     generator = torch.Generator().manual_seed(1)
     with FlopCounterMode(display=False) as counter:
         for step in (2, 3):
-            algo._update(sampler(torch.randint(dataset.n_transitions, (batch_size,), generator=generator)), step)
+            algo._update(sampler.sample(generator), step)
     return counter.get_total_flops() / 2
 
 
@@ -144,7 +142,7 @@ def time_config(name: str, dataset: Dataset, batch_size: int, precision: str, co
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--algos", default=",".join(ALGORITHMS), help="comma-separated subset of " + ",".join(ALGORITHMS))
-    parser.add_argument("--precision", default="fp32,bf16", help="fp32, bf16 or both")
+    parser.add_argument("--precision", default="fp32,bf16", help="comma-separated: fp32, bf16 (default both)")
     parser.add_argument("--compile", action="store_true", help="also time torch.compile'd updates")
     parser.add_argument("--only-compile", action="store_true", help="time only torch.compile'd updates")
     parser.add_argument("--batch-size", type=int, default=256)
@@ -164,6 +162,10 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown algorithm(s) {unknown}; choose from {list(ALGORITHMS)}")
     precisions = [p.strip() for p in args.precision.split(",") if p.strip()]
+    precisions = [q for p in precisions for q in (("fp32", "bf16") if p == "both" else (p,))]
+    unknown = sorted(set(precisions) - {"fp32", "bf16"})
+    if unknown:
+        parser.error(f"--precision: unknown {unknown}; use fp32, bf16 or both")
     compiles = [True] if args.only_compile else ([False, True] if args.compile else [False])
 
     dataset = synthetic_dataset()

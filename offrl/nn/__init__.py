@@ -8,10 +8,12 @@ networks, so evaluating N critics costs one kernel call per layer.
 from __future__ import annotations
 
 import math
+import operator
 from typing import Callable, Sequence
 
 import torch
 from torch import nn
+from torch.autograd import forward_ad
 from torch.nn import functional as F
 
 __all__ = [
@@ -84,6 +86,68 @@ class MLP(nn.Sequential):
         return x
 
 
+def _resolve_members(members: slice | int | torch.Tensor | None, n_members: int) -> slice | torch.Tensor | None:
+    """Check a `members=` selection against `n_members` and return it in the form the layers index with.
+
+    None stays None (every member); a slice stays the same slice (a view of
+    the weights, as before); an int becomes a one-member slice, so the
+    member dimension is kept; an index tensor becomes 1-D, in its order,
+    repeats allowed (bootstrap-style subsets).  Checking a tensor's range
+    reads one bool back from its device, once per network call.
+    """
+    if members is None:
+        return None
+    if isinstance(members, slice):
+        if members.step is not None and members.step <= 0:
+            raise ValueError(f"members={members} needs a positive step (tensors cannot be sliced backwards); "
+                             "pass an index tensor such as torch.tensor([3, 1]) for another order")
+        if len(range(n_members)[members]) == 0:
+            raise ValueError(f"members={members} selects none of the {n_members} members; "
+                             f"pass a slice inside range({n_members})")
+        return members
+    if isinstance(members, torch.Tensor):
+        if members.dtype == torch.bool or members.is_floating_point() or members.is_complex():
+            raise TypeError(f"members must be an integer index tensor, got dtype {members.dtype}; "
+                            "for a boolean mask pass mask.nonzero().squeeze(1)")
+        if members.dim() > 1:
+            raise ValueError(f"members must be a 1-D index tensor, got shape {tuple(members.shape)}")
+        index = members.reshape(-1)
+        if index.numel() == 0:
+            raise ValueError("members is an empty index tensor; select at least one member")
+        out_of_range = (index < -n_members) | (index >= n_members)
+        if bool(out_of_range.any()):
+            bad = index[out_of_range].tolist()
+            raise IndexError(f"members holds indices {bad} out of range for an ensemble of {n_members} members; "
+                             f"indices must lie in [-{n_members}, {n_members - 1}]")
+        return index
+    if isinstance(members, bool) or not hasattr(type(members), "__index__"):  # ints and numpy ints pass
+        raise TypeError(f"members must be a slice, an int or an integer index tensor, got {type(members).__name__}")
+    members = operator.index(members)
+    if not -n_members <= members < n_members:
+        raise IndexError(f"members={members} is out of range for an ensemble of {n_members} members; "
+                         f"pass an index in [-{n_members}, {n_members - 1}]")
+    first = members % n_members
+    return slice(first, first + 1)
+
+
+def _n_selected(members: slice | torch.Tensor | None, n_members: int) -> int:
+    """How many members a resolved selection evaluates."""
+    if members is None:
+        return n_members
+    if isinstance(members, slice):
+        return len(range(n_members)[members])
+    return members.numel()
+
+
+def _transforms_active() -> bool:
+    """Whether forward-mode AD (a `dual_level`) or a `torch.func` transform (vmap, jvp, grad, ...) is running.
+
+    Under them the ensemble runs as plain `torch.baddbmm`, which every
+    transform knows, instead of the hand-written narrow-head kernel.
+    """
+    return forward_ad._current_level >= 0 or torch._C._are_functorch_transforms_active()
+
+
 class _NarrowEnsembleMatmul(torch.autograd.Function):
     """bias + x @ weight member by member with 2-D matmuls, for narrow outputs (Q-value heads).
 
@@ -91,6 +155,15 @@ class _NarrowEnsembleMatmul(torch.autograd.Function):
     matrix-vector product on CPU (about 10x the time of the same work as
     2-D matmuls).  Inputs may be bf16 (under autocast) while weights, bias
     and the output stay fp32; the input's gradient comes back in its dtype.
+
+    First-order backward writes into preallocated buffers.  Under
+    `create_graph=True` (gradient penalties, second-order methods) it
+    computes the same per-member products with differentiable ops, so double
+    backward gets real gradients and the first-order values keep their bits.
+    Forward-mode AD and functorch transforms never reach this function
+    (`EnsembleLinear` runs `torch.baddbmm` under them), so it needs no `jvp`
+    or `vmap` rule -- and so `torch.compile` traces it without a graph break,
+    which a custom `jvp` would cause.
     """
 
     @staticmethod
@@ -106,17 +179,23 @@ class _NarrowEnsembleMatmul(torch.autograd.Function):
         ctx.save_for_backward(x, weight)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
         x, weight = ctx.saved_tensors
+        need_x, need_w, need_b = ctx.needs_input_grad
         low = grad.to(x.dtype)
-        grad_x = torch.empty_like(x) if ctx.needs_input_grad[0] else None
-        grad_w = torch.empty_like(weight)
-        for i in range(x.shape[0]):
-            if grad_x is not None:
-                torch.mm(low[i], weight[i].t().to(x.dtype), out=grad_x[i])
-            grad_w[i] = torch.mm(x[i].t(), low[i])
-        return grad_x, grad_w, grad.sum(1, keepdim=True)
+        members = range(x.shape[0])
+        if torch.is_grad_enabled():  # create_graph=True: build the gradient from differentiable ops
+            grad_x = torch.stack([torch.mm(low[i], weight[i].t().to(x.dtype)) for i in members]) if need_x else None
+            grad_w = torch.stack([torch.mm(x[i].t(), low[i]) for i in members]).to(weight.dtype) if need_w else None
+        else:
+            grad_x = torch.empty_like(x) if need_x else None
+            grad_w = torch.empty_like(weight) if need_w else None
+            for i in members:
+                if grad_x is not None:
+                    torch.mm(low[i], weight[i].t().to(x.dtype), out=grad_x[i])
+                if grad_w is not None:
+                    grad_w[i] = torch.mm(x[i].t(), low[i])
+        return grad_x, grad_w, (grad.sum(1, keepdim=True) if need_b else None)
 
 
 class EnsembleLinear(nn.Module):
@@ -125,7 +204,10 @@ class EnsembleLinear(nn.Module):
     Input (n_members, batch, in_dim) -> output (n_members, batch, out_dim).
     Initialised like `nn.Linear` member by member.  Narrow layers (out_dim
     <= 8, e.g. Q-value heads) run member by member as 2-D matmuls, which is
-    much faster on CPU than a batched matrix-vector product.
+    much faster on CPU than a batched matrix-vector product.  Under
+    forward-mode AD and `torch.func` transforms (`vmap`, `jvp`, `grad`,
+    `jacrev`) every layer runs as `torch.baddbmm`, which they transform
+    natively; double backward (`create_graph=True`) works on both paths.
     """
 
     narrow: int = 8
@@ -139,11 +221,22 @@ class EnsembleLinear(nn.Module):
         nn.init.uniform_(self.weight, -bound, bound)
         nn.init.uniform_(self.bias, -bound, bound)
 
-    def forward(self, x: torch.Tensor, members: slice | int | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, members: slice | int | torch.Tensor | None = None) -> torch.Tensor:
+        """`members` (a slice, an int or an index tensor) evaluates only those members, in that order.
+
+        `x` then holds one row per selected member on its first dimension.
+        """
+        return self._forward_selected(x, _resolve_members(members, self.weight.shape[0]))
+
+    def _forward_selected(self, x: torch.Tensor, members: slice | torch.Tensor | None) -> torch.Tensor:
+        """`forward` with a selection already checked by `_resolve_members` (an ensemble checks it once)."""
         weight, bias = (self.weight, self.bias) if members is None else (self.weight[members], self.bias[members])
         if (weight.shape[-1] <= self.narrow and x.dim() == 3 and x.shape[0] == weight.shape[0]
                 and not torch.is_autocast_enabled(x.device.type)):
-            return _NarrowEnsembleMatmul.apply(x.contiguous(), weight, bias)
+            if not _transforms_active():
+                return _NarrowEnsembleMatmul.apply(x.contiguous(), weight, bias)
+            # The kernel casts a low-precision input itself; baddbmm needs it cast first.
+            x = x.to(weight.dtype)
         return torch.baddbmm(bias, x, weight)
 
 
@@ -153,7 +246,12 @@ class _EnsembleLayerNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(n_members, 1, width))
         self.bias = nn.Parameter(torch.zeros(n_members, 1, width))
 
-    def forward(self, x: torch.Tensor, members: slice | int | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, members: slice | int | torch.Tensor | None = None) -> torch.Tensor:
+        """`members` as in `EnsembleLinear.forward`."""
+        return self._forward_selected(x, _resolve_members(members, self.weight.shape[0]))
+
+    def _forward_selected(self, x: torch.Tensor, members: slice | torch.Tensor | None) -> torch.Tensor:
+        """`forward` with a selection already checked by `_resolve_members`."""
         if members is None:
             return F.layer_norm(x, x.shape[-1:]) * self.weight + self.bias
         return F.layer_norm(x, x.shape[-1:]) * self.weight[members] + self.bias[members]
@@ -184,18 +282,28 @@ class EnsembleMLP(nn.Module):
         layers.append(EnsembleLinear(n_members, last, out_dim))
         self.layers = nn.Sequential(*layers)
 
-    def forward(self, x: torch.Tensor, members: slice | None = None) -> torch.Tensor:
-        """`members` (a slice, e.g. `slice(0, 1)`) evaluates only those members."""
-        n = self.n_members if members is None else len(range(self.n_members)[members])
+    def forward(self, x: torch.Tensor, members: slice | int | torch.Tensor | None = None) -> torch.Tensor:
+        """`members` evaluates only those members, one output row each, in the order given.
+
+        A slice (`slice(0, 1)`), an int (one member, dimension kept) or an
+        index tensor (`torch.randperm(10)[:2]`, REDQ-style random subsets).
+        A 3-D `x` then holds one row per selected member.
+        """
+        members = _resolve_members(members, self.n_members)
+        n = _n_selected(members, self.n_members)
         if x.dim() == 2:
             x = x.unsqueeze(0).expand(n, -1, -1)
+        elif x.dim() == 3 and x.shape[0] != n:
+            raise ValueError(f"x has {x.shape[0]} rows on its member dimension but {n} members are evaluated; "
+                             "pass (batch, in_dim) or (n_selected_members, batch, in_dim)")
         layers = self.layers
         last = len(layers) - 1
         for i, layer in enumerate(layers):
             if i == last:  # a narrow head (_NarrowEnsembleMatmul) casts its input member by member itself
-                x = _fp32_head(lambda h: layer(h, members), x, cast_input=layer.weight.shape[-1] > layer.narrow)
+                x = _fp32_head(lambda h: layer._forward_selected(h, members), x,
+                               cast_input=layer.weight.shape[-1] > layer.narrow)
             elif isinstance(layer, (EnsembleLinear, _EnsembleLayerNorm)):
-                x = layer(x, members)
+                x = layer._forward_selected(x, members)
             else:
                 x = layer(x)
         return x
@@ -222,8 +330,9 @@ class QEnsemble(nn.Module):
         self.n_critics = n_critics
         self.net = EnsembleMLP(n_critics, observation_dim + action_dim, 1, hidden_dims, activation, layer_norm)
 
-    def forward(self, obs: torch.Tensor, actions: torch.Tensor, members: slice | None = None) -> torch.Tensor:
-        """Q-values (n_critics, *leading); `members` (a slice) evaluates only those critics."""
+    def forward(self, obs: torch.Tensor, actions: torch.Tensor,
+                members: slice | int | torch.Tensor | None = None) -> torch.Tensor:
+        """Q-values (n_selected, *leading); `members` as in `EnsembleMLP.forward` (e.g. 2 random of 10 critics)."""
         lead = obs.shape[:-1]
         x = torch.cat([obs, actions], dim=-1).reshape(-1, obs.shape[-1] + actions.shape[-1])
         return self.net(x, members).reshape(-1, *lead)
