@@ -1,4 +1,12 @@
-"""Policy roll-outs in gymnasium environments (single or vector), shared by every estimator."""
+"""Policy roll-outs in gymnasium environments (single or vector), shared by every estimator.
+
+Roll-outs act through an `Actor`: reset at the start of a run, asked for
+actions with the observations and each env's time step, and told the
+rewards and which episodes ended.  A stateless policy (a function of the
+observation) is wrapped in `FunctionActor`; a policy that needs its recent
+context (a transformer) or the time step (a guide that hands over
+mid-episode) keeps that state in its own Actor (`estimator.make_actor()`).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +15,49 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-__all__ = ["evaluate_policy", "make_env"]
+__all__ = ["evaluate_policy", "make_env", "Actor", "FunctionActor", "as_actor"]
+
+
+class Actor:
+    """The stateful acting interface of evaluation and OPE roll-outs.
+
+    `reset(n_envs)` starts `n_envs` parallel episodes; `act(observations,
+    timesteps)` gets (n_envs, obs_dim) observations and each env's step
+    within its episode and returns (n_envs, ...) actions; `observe(rewards,
+    episode_over)` reports the step's rewards, and for each env whose
+    `episode_over` is True the next `act` starts a new episode (clear that
+    env's context).
+    """
+
+    def reset(self, n_envs: int) -> None:
+        pass
+
+    def act(self, observations: np.ndarray, timesteps: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def observe(self, rewards: np.ndarray, episode_over: np.ndarray) -> None:
+        pass
+
+
+class FunctionActor(Actor):
+    """A stateless policy (batch of observations -> batch of actions) as an Actor."""
+
+    def __init__(self, policy: Callable[[np.ndarray], np.ndarray]) -> None:
+        self.policy = policy
+
+    def act(self, observations: np.ndarray, timesteps: np.ndarray) -> np.ndarray:
+        return self.policy(observations)
+
+
+def as_actor(policy: Any) -> Actor:
+    """An Actor from an Actor, an estimator with `make_actor()`, or a function of the observations."""
+    if isinstance(policy, Actor):
+        return policy
+    if hasattr(policy, "make_actor"):
+        return policy.make_actor()
+    if callable(policy):
+        return FunctionActor(policy)
+    raise TypeError(f"policy must be an Actor, an estimator or a function of observations, got {type(policy).__name__}")
 
 
 def make_env(env: Any) -> Any:
@@ -23,7 +73,7 @@ def make_env(env: Any) -> Any:
 
 
 def evaluate_policy(
-    policy: Callable[[np.ndarray], np.ndarray],
+    policy: Callable[[np.ndarray], np.ndarray] | Actor | Any,
     env: Any,
     n_episodes: int = 10,
     seed: int = 0,
@@ -31,7 +81,8 @@ def evaluate_policy(
     gamma: float | None = None,
     max_steps: int | None = None,
 ) -> dict[str, Any]:
-    """Run `policy` (batch of observations -> batch of actions) for `n_episodes` episodes.
+    """Run `policy` for `n_episodes` episodes: an `Actor`, an estimator (its `make_actor()`), or a function
+    from a batch of observations to a batch of actions.
 
     Episode i of a single env is reset with seed `seed + i`.  A gymnasium
     vector env is reset once with `seed` and each sub-env contributes its
@@ -44,22 +95,25 @@ def evaluate_policy(
     if n_episodes < 1:
         raise ValueError(f"n_episodes must be at least 1, got {n_episodes}")
     env = make_env(env)
+    actor = as_actor(policy)
     if isinstance(env, gym.vector.VectorEnv):
         if max_steps is not None:
             raise ValueError("max_steps is not supported for vector envs; wrap each env in a TimeLimit instead")
-        returns, discounted, lengths = _rollout_vector(policy, env, n_episodes, seed, gamma)
+        returns, discounted, lengths = _rollout_vector(actor, env, n_episodes, seed, gamma)
     else:
         returns, discounted, lengths = [], [], []
         for i in range(n_episodes):
             obs, _ = env.reset(seed=seed + i)
+            actor.reset(1)
             total, disc, t, done = 0.0, 0.0, 0, False
             while not done:
-                action = policy(np.asarray(obs, np.float32)[None])[0]
+                action = actor.act(np.asarray(obs, np.float32)[None], np.array([t]))[0]
                 obs, reward, terminated, truncated, _ = env.step(action)
                 total += float(reward)
                 disc += (gamma ** t if gamma is not None else 0.0) * float(reward)
                 t += 1
                 done = terminated or truncated or (max_steps is not None and t >= max_steps)
+                actor.observe(np.array([float(reward)]), np.array([done]))
             returns.append(total)
             discounted.append(disc)
             lengths.append(t)
@@ -83,7 +137,7 @@ def evaluate_policy(
     return result
 
 
-def _rollout_vector(policy: Callable, env: Any, n_episodes: int, seed: int, gamma: float | None) -> tuple[list, list, list]:
+def _rollout_vector(actor: Actor, env: Any, n_episodes: int, seed: int, gamma: float | None) -> tuple[list, list, list]:
     import gymnasium as gym
 
     n_envs = env.num_envs
@@ -95,8 +149,9 @@ def _rollout_vector(policy: Callable, env: Any, n_episodes: int, seed: int, gamm
     disc = np.zeros(n_envs)
     steps = np.zeros(n_envs, dtype=np.int64)
     resetting = np.zeros(n_envs, dtype=bool)
+    actor.reset(n_envs)
     while min(len(p) for p in per_env) < quota:
-        actions = policy(np.asarray(obs, np.float32))
+        actions = actor.act(np.asarray(obs, np.float32), steps.copy())
         obs, reward, terminated, truncated, _ = env.step(actions)
         active = ~resetting
         total[active] += reward[active]
@@ -104,6 +159,8 @@ def _rollout_vector(policy: Callable, env: Any, n_episodes: int, seed: int, gamm
             disc[active] += (gamma ** steps[active]) * reward[active]
         steps[active] += 1
         done = (terminated | truncated) & active
+        # An env that was resetting acted on a stale observation: clear its context again.
+        actor.observe(np.where(active, reward, 0.0), done | resetting)
         for i in np.flatnonzero(done):
             if len(per_env[i]) < quota:
                 per_env[i].append((float(total[i]), float(disc[i]), int(steps[i])))

@@ -35,6 +35,7 @@ from sklearn.exceptions import NotFittedError
 from torch import nn
 
 from offrl.datasets.core import Batch, Dataset, atomic_write_path
+from offrl.datasets.samplers import TransitionSampler
 from offrl.nn import DeterministicPolicy
 from offrl.monitor import TrainingDivergedError, TrainingMonitor, read_checkpoint, write_checkpoint
 
@@ -156,6 +157,17 @@ class BaseEstimator(sklearn.base.BaseEstimator):
     def __sklearn_is_fitted__(self) -> bool:
         return hasattr(self, "spec_")
 
+    def __sklearn_clone__(self) -> "BaseEstimator":
+        """An unfitted copy with the same hyper-parameters, keeping parameters that are *fitted* estimators.
+
+        scikit-learn's clone would clone (and so un-fit) a nested estimator; a
+        guide policy or an expert model passed as a parameter is an input,
+        not something to re-learn, so the clone shares it.
+        """
+        params = {name: value if _is_fitted_estimator(value) else sklearn.base.clone(value, safe=False)
+                  for name, value in self.get_params(deep=False).items()}
+        return type(self)(**params)
+
     def _make_spec(self, dataset: Dataset) -> dict[str, Any]:
         if getattr(self, "normalize_observations", False):
             mean, std = dataset.observation_stats()
@@ -170,9 +182,11 @@ class BaseEstimator(sklearn.base.BaseEstimator):
             "obs_mean": mean.tolist(),
             "obs_std": std.tolist(),
         }
-        if dataset.action_low is None and dataset.discrete_actions is None:
+        if dataset.action_low is None and dataset.discrete_actions is None and dataset.actions is not None:
             # Unknown bounds: use the data's range, widened slightly, so tanh policies can reach every logged action.
-            low, high = dataset.actions.min(0), dataset.actions.max(0)
+            mask = dataset.label_mask("actions")
+            labelled = dataset.actions if mask is None else dataset.actions[mask]
+            low, high = labelled.min(0), labelled.max(0)
             pad = 1e-3 * np.maximum(high - low, 1.0)
             spec["action_low"], spec["action_high"] = (low - pad).tolist(), (high + pad).tolist()
         for key in ("ref_min_score", "ref_max_score", "env_id", "name"):
@@ -255,12 +269,28 @@ class BaseEstimator(sklearn.base.BaseEstimator):
         value = self._value(self.obs_normalizer_(obs), act).float().cpu().numpy()
         return value[0] if single else value
 
-    def evaluate(self, env: Any, n_episodes: int = 10, seed: int = 0) -> dict[str, Any]:
-        """Roll the deterministic policy out in `env` (an env, a gymnasium id, or a vector env)."""
+    def make_actor(self, deterministic: bool = True, **options: Any) -> Any:
+        """The acting interface of roll-outs (`offrl.evaluation.Actor`): reset, act with the observation and the
+        time step, observe the reward.  Stateless policies get a wrapper of `predict`; a policy that keeps
+        context across steps (a transformer, a guide handing over mid-episode) overrides this.
+        """
+        from offrl.evaluation import FunctionActor
+
+        self._check_fitted()
+        if options:
+            raise TypeError(f"{type(self).__name__}.make_actor takes no options, got {sorted(options)}")
+        return FunctionActor(lambda obs: self.predict(obs, deterministic=deterministic))
+
+    def evaluate(self, env: Any, n_episodes: int = 10, seed: int = 0, **actor_options: Any) -> dict[str, Any]:
+        """Roll the deterministic policy out in `env` (an env, a gymnasium id, or a vector env).
+
+        `actor_options` go to `make_actor` (e.g. a target return for return-conditioned policies).
+        """
         from offrl.evaluation import evaluate_policy
 
         self._check_fitted()
-        return evaluate_policy(self.predict, env, n_episodes=n_episodes, seed=seed, reference=self.spec_)
+        return evaluate_policy(self.make_actor(deterministic=True, **actor_options), env, n_episodes=n_episodes,
+                               seed=seed, reference=self.spec_)
 
     def save(self, path: str | os.PathLike) -> None:
         """Write config (JSON) and tensors to `path`; read back with `offrl.load(path)`."""
@@ -295,42 +325,6 @@ class _DeterministicActor(nn.Module):
 
 def _is_stateful_optimizer(value: Any) -> bool:
     return isinstance(value, torch.optim.Optimizer) or isinstance(value, torch.optim.lr_scheduler.LRScheduler)
-
-
-class _PackedSampler:
-    """All training columns in one (N, D) tensor, so drawing a batch is one `index_select`.
-
-    The batch's columns are views into the gathered rows (contiguous along
-    the feature dimension), which is what the first matmul of every network
-    wants anyway.
-    """
-
-    def __init__(self, columns: Mapping[str, torch.Tensor]) -> None:
-        self.names = list(columns)
-        n = next(iter(columns.values())).shape[0]
-        self.vector = {k: v.dim() == 1 for k, v in columns.items()}
-        parts = [v.reshape(n, -1).float() for v in columns.values()]
-        self.widths = [p.shape[1] for p in parts]
-        self.packed = torch.cat(parts, dim=1).contiguous()
-        self.n = n
-
-    def sample(self, generator: torch.Generator, batch_size: int) -> Batch:
-        index = torch.randint(self.n, (batch_size,), generator=generator, device=generator.device)
-        return self(index)
-
-    def __call__(self, index: torch.Tensor) -> Batch:
-        rows = self.packed.index_select(0, index).split(self.widths, dim=1)
-        fields: dict[str, torch.Tensor] = {}
-        extras: dict[str, torch.Tensor] = {}
-        for name, value in zip(self.names, rows):
-            value = value.squeeze(1) if self.vector[name] else value
-            (fields if name in _BATCH_FIELDS else extras)[name] = value
-        return Batch(indices=index, extras=extras, **fields)
-
-
-_BATCH_FIELDS = frozenset(
-    ("observations", "actions", "rewards", "terminals", "timeouts", "next_observations", "behavior_log_probs")
-)
 
 
 class OfflineAlgorithm(BaseEstimator):
@@ -397,15 +391,19 @@ class OfflineAlgorithm(BaseEstimator):
     def _training_columns(self, dataset: Dataset) -> dict[str, torch.Tensor]:
         device = self.device_
         normalizer = self.obs_normalizer_
+        # A label the algorithm does not need (BC's rewards) is left out when it is not complete.
         with torch.no_grad():
             columns = {
                 "observations": normalizer(torch.from_numpy(dataset.observations).to(device)),
                 "next_observations": normalizer(torch.from_numpy(dataset.next_observations).to(device)),
-                "actions": torch.from_numpy(dataset.actions).to(device),
-                "rewards": torch.from_numpy(np.ascontiguousarray(self._transform_rewards(dataset), np.float32)).to(device),
-                "terminals": torch.from_numpy(dataset.terminals).to(device),
-                "timeouts": torch.from_numpy(dataset.timeouts).to(device),
             }
+            if dataset.is_labelled("actions"):
+                columns["actions"] = torch.from_numpy(dataset.actions).to(device)
+            if dataset.is_labelled("rewards"):
+                rewards = np.ascontiguousarray(self._transform_rewards(dataset), np.float32)
+                columns["rewards"] = torch.from_numpy(rewards).to(device)
+            columns["terminals"] = torch.from_numpy(dataset.terminals).to(device)
+            columns["timeouts"] = torch.from_numpy(dataset.timeouts).to(device)
         if dataset.behavior_log_probs is not None:
             columns["behavior_log_probs"] = torch.from_numpy(dataset.behavior_log_probs).to(device)
         for key, value in self._extra_columns(dataset).items():
@@ -506,7 +504,6 @@ class OfflineAlgorithm(BaseEstimator):
             self.n_steps_done_ = 0
             self.history_ = []
         sampler = self._make_sampler(dataset)
-        batch_size = int(getattr(self, "batch_size", 256))
         monitor = TrainingMonitor(self, n_steps, start=start, log_every=log_every, eval_env=eval_env,
                                   eval_every=eval_every, eval_episodes=eval_episodes, callbacks=callbacks,
                                   callbacks_on="log", log_dir=log_path, resume=resume, progress=progress,
@@ -516,7 +513,7 @@ class OfflineAlgorithm(BaseEstimator):
         update = self._update
         try:
             for step in range(start, n_steps):
-                latest = update(sampler.sample(generator, batch_size), step)
+                latest = update(sampler.sample(generator), step)
                 done = step + 1
                 is_checkpoint = bool(checkpoint_path is not None and checkpoint_every
                                      and (done % checkpoint_every == 0 or done == n_steps))
@@ -640,34 +637,48 @@ class OfflineAlgorithm(BaseEstimator):
         return self._update(batch, int(self.n_steps_done_) + int(self.online_updates_done_))
 
     def _online_extra_names(self) -> tuple[str, ...]:
-        return tuple(getattr(self, "extra_column_names", ()))
+        """The names of `_extra_columns` (probed on a one-step episode, so no algorithm has to list them twice)."""
+        if type(self)._extra_columns is OfflineAlgorithm._extra_columns:
+            return ()
+        spec = self.spec_
+        one = Dataset(observations=np.zeros((1, spec["observation_dim"])), actions=np.zeros((1, spec["action_dim"])),
+                      rewards=np.zeros(1), terminals=np.zeros(1), timeouts=np.ones(1),
+                      next_observations=np.zeros((1, spec["observation_dim"])), episode_starts=np.array([0, 1]))
+        return tuple(self._extra_columns(one))
 
     def _online_extras(self, episode: Dataset) -> dict[str, np.ndarray]:
         return {k: np.asarray(v, np.float32) for k, v in self._extra_columns(episode).items()}
 
     def _make_sampler(self, dataset: Dataset) -> Any:
-        """The sampler hook: what `fit` draws each batch from (`sampler.sample(generator, batch_size)`).
+        """The sampler hook: what `fit` draws each batch from (`sampler.sample(generator)`).
 
-        Default: uniform transitions of the training columns.  Algorithms
-        that learn from segments (Decision Transformer) or from a mixture
-        of datasets (ReCOIL) return another sampler here.
+        Default: uniform transitions of the training columns
+        (`offrl.datasets.samplers.TransitionSampler`).  Algorithms that learn
+        from K-step segments (Decision Transformer: `SegmentSampler`) or from
+        a mixture of datasets with fixed fractions per batch (ReCOIL:
+        `MixtureSampler`) return another sampler here; `_update` then gets
+        that sampler's batches.
         """
-        return _PackedSampler(self._training_columns(dataset))
+        return TransitionSampler(self._training_columns(dataset), int(getattr(self, "batch_size", 256)))
 
     #: Dataset columns the algorithm learns from; `fit` refuses a dataset where one is missing or masked.
     required_labels: tuple[str, ...] = ("rewards", "actions")
 
     def _check_labels(self, dataset: Dataset) -> None:
-        missing = [name for name in self.required_labels
-                   if hasattr(dataset, "is_labelled") and not dataset.is_labelled(name)]
-        if not missing:
-            return
-        name = missing[0]
-        mask = dataset.label_mask(name)
-        how = "is missing" if mask is not None and not mask.any() else f"is missing for {int((~mask).sum())} of {len(mask)} rows"
-        fix = (_LABELLERS[name] if name in _LABELLERS else f"dataset.with_{name}(...)")
-        raise ValueError(f"{type(self).__name__} learns from {name}, but the dataset's {name} column {how}; "
-                         f"fill it first: {fix}")
+        """Refuse, naming the column and the labeller that fills it, a dataset missing a label this algorithm needs."""
+        dataset.require_labels(*self.required_labels, context=type(self).__name__)
+
+
+def _is_fitted_estimator(value: Any) -> bool:
+    if not hasattr(value, "get_params") or isinstance(value, type):
+        return False
+    from sklearn.utils.validation import check_is_fitted
+
+    try:
+        check_is_fitted(value)
+    except (NotFittedError, TypeError):
+        return False
+    return True
 
 
 def _seed_from(random_state: Any) -> int:
@@ -678,11 +689,3 @@ def _seed_from(random_state: Any) -> int:
     if isinstance(random_state, np.random.Generator):
         return int(random_state.integers(0, 2**31 - 1))
     return int(random_state)
-
-
-_LABELLERS = {
-    "rewards": "dataset.with_rewards(...), or a reward labeller from offrl.reward_labeling (OTRewardLabeler, "
-               "RewardModelLabeler) in a Pipeline before the algorithm",
-    "actions": "dataset.with_actions(...), or offrl.reward_labeling.InverseDynamicsLabeler in a Pipeline before "
-               "the algorithm",
-}

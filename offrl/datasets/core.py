@@ -5,6 +5,11 @@ contiguous slices described by `episode_starts` (length n_episodes + 1), so
 every per-episode computation is a slice or a `reduceat`.  Torch views of the
 columns are made once per device and reused, so `sample` is a handful of
 `index_select` calls with no per-sample Python.
+
+Rewards and actions are labels a log may lack (the input of reward and action
+labellers): wholly (the column is None) or per row (a boolean mask, True =
+labelled, with 0 stored in the unlabelled rows).  Whatever needs a missing
+label raises a ValueError that names the column and how to fill it.
 """
 
 from __future__ import annotations
@@ -17,26 +22,43 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 import numpy as np
 import torch
 
-__all__ = ["Dataset", "Batch", "atomic_write_path"]
+__all__ = ["Dataset", "Batch", "atomic_write_path", "episode_timesteps", "episode_returns_to_go", "LABELS"]
 
+# Files without missing labels are written as format 1, byte for byte as before labels could be missing, so
+# every offrl reads them.  Files with missing or masked labels are format 2, which an older offrl refuses
+# instead of reading the placeholder zeros of unlabelled rows as data.
 FORMAT_VERSION = 1
+MASKED_FORMAT_VERSION = 2
+_READABLE_FORMATS = (FORMAT_VERSION, MASKED_FORMAT_VERSION)
 _REQUIRED = ("observations", "actions", "rewards", "terminals", "timeouts", "next_observations")
 _OPTIONAL = ("behavior_log_probs",)
 COLUMNS = _REQUIRED + _OPTIONAL
 _COLUMN_SET = frozenset(COLUMNS)
+
+LABELS = ("rewards", "actions")
+"""Columns that may be missing, wholly or per row."""
+_MASK_KEYS = {"rewards": "reward_mask", "actions": "action_mask"}
+_FILL_HINT = {
+    "rewards": "fill them with dataset.with_rewards(...) or a labeller from offrl.reward_labeling "
+               "(e.g. OTRewardLabeler, RewardModelLabeler)",
+    "actions": "fill them with dataset.with_actions(...) or a labeller from offrl.reward_labeling "
+               "(e.g. InverseDynamicsLabeler)",
+}
 
 
 @dataclass
 class Batch:
     """A batch of transitions as torch tensors on one device.
 
+    `actions` or `rewards` is None when the batch was drawn from data that
+    lacks that label (an algorithm that needs it refuses such data at fit).
     `extras` carries algorithm-specific per-transition columns (e.g. Cal-QL's
-    Monte-Carlo returns) drawn with the same indices.
+    Monte-Carlo returns, a mixture's source index) drawn with the same indices.
     """
 
     observations: torch.Tensor
-    actions: torch.Tensor
-    rewards: torch.Tensor
+    actions: torch.Tensor | None
+    rewards: torch.Tensor | None
     terminals: torch.Tensor
     timeouts: torch.Tensor
     next_observations: torch.Tensor
@@ -90,12 +112,17 @@ def _as_float32(name: str, value: Any, ndim: int) -> np.ndarray:
     return np.ascontiguousarray(array, dtype=np.float32)
 
 
-def _check_finite(name: str, array: np.ndarray) -> None:
-    finite = np.isfinite(array)
-    if not finite.all():
-        bad = np.argwhere(~finite)[0]
+def _check_finite(name: str, array: np.ndarray, labelled: np.ndarray | None = None) -> None:
+    """Every value finite, in the rows that are labelled (all rows when `labelled` is None)."""
+    bad_values = ~np.isfinite(array)
+    if labelled is not None:
+        bad_values &= labelled.reshape((-1,) + (1,) * (array.ndim - 1))
+    if bad_values.any():
+        bad = np.argwhere(bad_values)[0]
+        hint = (f"; or mark the row unlabelled with {_MASK_KEYS[name]}=" if name in _MASK_KEYS else "")
         raise ValueError(
-            f"{name} contains NaN or inf at row {int(bad[0])}; remove or impute that row before building a Dataset"
+            f"{name} contains NaN or inf at row {int(bad[0])}; remove or impute that row before building a "
+            f"Dataset{hint}"
         )
 
 
@@ -113,6 +140,69 @@ def _ends_to_starts(episode_ends: np.ndarray, n: int) -> np.ndarray:
     return np.concatenate([[0], ends + 1]).astype(np.int64)
 
 
+def _as_mask(name: str, value: Any, n: int) -> np.ndarray | None:
+    """A label mask as a bool array of n rows (True = labelled), or None."""
+    if value is None:
+        return None
+    mask = np.asarray(value)
+    if mask.dtype != bool:
+        if mask.dtype == object or not np.issubdtype(mask.dtype, np.number) or np.any((mask != 0) & (mask != 1)):
+            raise ValueError(f"{name} must be a boolean array (True = labelled), got dtype {mask.dtype}")
+        mask = mask != 0
+    if mask.shape != (n,):
+        raise ValueError(f"{name} has shape {mask.shape}; expected one flag per transition, ({n},)")
+    return mask
+
+
+def _apply_label_mask(name: str, values: np.ndarray | None, mask: np.ndarray | None
+                      ) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """The canonical (values, mask) of a label column.
+
+    Unlabelled rows hold 0 (never NaN); the mask is None when every row is
+    labelled, and the values are None when no row is.
+    """
+    if values is None:
+        if mask is not None and mask.any():
+            raise ValueError(
+                f"{_MASK_KEYS[name]} marks {int(mask.sum())} rows as labelled but {name} is None; pass the {name}"
+            )
+        return None, None
+    if mask is None or mask.all():
+        return values, None
+    if not mask.any():
+        return None, None
+    values = np.where(mask.reshape((-1,) + (1,) * (values.ndim - 1)), values, np.float32(0)).astype(np.float32)
+    mask = mask.copy()
+    mask.flags.writeable = False
+    return values, mask
+
+
+def episode_timesteps(episode_starts: np.ndarray) -> np.ndarray:
+    """Step index of every transition within its episode (int64), from episode offsets."""
+    starts = np.asarray(episode_starts, dtype=np.int64)
+    return np.arange(starts[-1], dtype=np.int64) - np.repeat(starts[:-1], np.diff(starts))
+
+
+def episode_returns_to_go(rewards: np.ndarray, episode_starts: np.ndarray, gamma: float = 1.0) -> np.ndarray:
+    """Discounted return from each step to the end of its episode (float32).
+
+    One reverse discounted cumulative sum over the whole array, then
+    subtract what leaks in from later episodes:
+    G_all[t] = G_episode[t] + gamma ** (end - t) * G_all[end].
+    """
+    from scipy.signal import lfilter
+
+    gamma = float(gamma)
+    if not 0.0 <= gamma <= 1.0:
+        raise ValueError(f"gamma must lie in [0, 1], got {gamma}")
+    starts = np.asarray(episode_starts, dtype=np.int64)
+    rewards = np.asarray(rewards, dtype=np.float64)
+    g_all = lfilter([1.0], [1.0, -gamma], rewards[::-1])[::-1]
+    ends = np.repeat(starts[1:], np.diff(starts))
+    leak = np.append(g_all, 0.0)[ends] * gamma ** (ends - np.arange(len(rewards))).astype(np.float64)
+    return (g_all - leak).astype(np.float32)
+
+
 class Dataset:
     """Logged transitions with episode structure.
 
@@ -124,6 +214,13 @@ class Dataset:
     next state still counts.  Episode i is rows
     `episode_starts[i]:episode_starts[i + 1]`.
 
+    Rewards and actions may be missing: `rewards=None` / `actions=None` when
+    the log has none (then `action_dim=` or per-dimension action bounds give
+    the action dimension), or a per-row `reward_mask` / `action_mask`
+    (True = labelled; unlabelled rows may hold anything in the input, NaN
+    included, and are stored as 0).  See `label_mask`, `missing_labels`,
+    `with_rewards` and `with_actions`.
+
     Build one with `from_arrays`, `from_episodes`, `from_pandas`,
     `offrl.datasets.load` or `Dataset.load`.
     """
@@ -132,8 +229,8 @@ class Dataset:
         self,
         *,
         observations: np.ndarray,
-        actions: np.ndarray,
-        rewards: np.ndarray,
+        actions: np.ndarray | None,
+        rewards: np.ndarray | None,
         terminals: np.ndarray,
         timeouts: np.ndarray,
         next_observations: np.ndarray,
@@ -142,11 +239,27 @@ class Dataset:
         action_low: np.ndarray | Sequence[float] | float | None = None,
         action_high: np.ndarray | Sequence[float] | float | None = None,
         discrete_actions: int | None = None,
+        action_dim: int | None = None,
+        reward_mask: np.ndarray | None = None,
+        action_mask: np.ndarray | None = None,
         metadata: Mapping[str, Any] | None = None,
     ) -> None:
         self.observations = _as_float32("observations", observations, 2)
-        self.actions = _as_float32("actions", actions, 2)
-        self.rewards = _as_float32("rewards", rewards, 1)
+        n = len(self.observations)
+        actions = None if actions is None else _as_float32("actions", actions, 2)
+        rewards = None if rewards is None else _as_float32("rewards", rewards, 1)
+        for name, column in (("actions", actions), ("rewards", rewards)):
+            if column is not None and len(column) != n:
+                raise ValueError(
+                    f"{name} has {len(column)} rows but observations has {n}; every column needs one row per transition"
+                )
+        self.discrete_actions = None if discrete_actions is None else int(discrete_actions)
+        self._action_dim = _resolve_action_dim(actions, action_dim, action_low, action_high, self.discrete_actions)
+        self.rewards, reward_mask = _apply_label_mask("rewards", rewards, _as_mask("reward_mask", reward_mask, n))
+        self.actions, action_mask = _apply_label_mask("actions", actions, _as_mask("action_mask", action_mask, n))
+        self._label_masks: dict[str, np.ndarray] = {
+            k: m for k, m in (("rewards", reward_mask), ("actions", action_mask)) if m is not None
+        }
         self.terminals = _as_float32("terminals", terminals, 1)
         self.timeouts = _as_float32("timeouts", timeouts, 1)
         self.next_observations = _as_float32("next_observations", next_observations, 2)
@@ -154,11 +267,10 @@ class Dataset:
             None if behavior_log_probs is None else _as_float32("behavior_log_probs", behavior_log_probs, 1)
         )
         self.episode_starts = np.asarray(episode_starts, dtype=np.int64)
-        self.discrete_actions = None if discrete_actions is None else int(discrete_actions)
         self.action_low = None if action_low is None else np.broadcast_to(
-            np.asarray(action_low, dtype=np.float32), (self.actions.shape[1],)).copy()
+            np.asarray(action_low, dtype=np.float32), (self._action_dim,)).copy()
         self.action_high = None if action_high is None else np.broadcast_to(
-            np.asarray(action_high, dtype=np.float32), (self.actions.shape[1],)).copy()
+            np.asarray(action_high, dtype=np.float32), (self._action_dim,)).copy()
         self.metadata: dict[str, Any] = dict(metadata or {})
         self._torch_cache: dict[str, dict[str, torch.Tensor]] = {}
         self._validate()
@@ -182,7 +294,7 @@ class Dataset:
         for name in COLUMNS:
             column = getattr(self, name)
             if column is not None:
-                _check_finite(name, column)
+                _check_finite(name, column)  # unlabelled rows already hold 0
         for name in ("terminals", "timeouts"):
             _check_flags(name, getattr(self, name))
         both = np.flatnonzero((self.terminals > 0) & (self.timeouts > 0))
@@ -200,11 +312,16 @@ class Dataset:
         self._validate_actions()
 
     def _validate_actions(self) -> None:
+        """Labelled actions lie in the action space (unlabelled rows hold a placeholder and are skipped)."""
+        if self.actions is None:
+            return
+        labelled = self._label_masks.get("actions")
         if self.discrete_actions is not None:
             a = self.actions
             if a.shape[1] != 1:
                 raise ValueError(f"actions must have one column of action indices for a discrete action space, got {a.shape[1]}")
-            bad = np.flatnonzero((a[:, 0] != np.round(a[:, 0])) | (a[:, 0] < 0) | (a[:, 0] >= self.discrete_actions))
+            outside = (a[:, 0] != np.round(a[:, 0])) | (a[:, 0] < 0) | (a[:, 0] >= self.discrete_actions)
+            bad = np.flatnonzero(outside if labelled is None else outside & labelled)
             if len(bad):
                 raise ValueError(
                     f"actions has value {a[bad[0], 0]} at row {int(bad[0])}, outside the discrete action space "
@@ -218,12 +335,118 @@ class Dataset:
             if bound is None:
                 continue
             mask = outside(self.actions, bound)
+            if labelled is not None:
+                mask &= labelled[:, None]
             if mask.any():
                 row, col = np.argwhere(mask)[0]
                 raise ValueError(
                     f"actions[{int(row)}, {int(col)}] = {self.actions[row, col]:.6g} lies outside the action space "
                     f"({name} = {bound[col]:.6g}); clip the actions or pass the correct action bounds"
                 )
+
+    # ------------------------------------------------------------------ labels
+    def label_mask(self, name: str) -> np.ndarray | None:
+        """Which rows of label column `name` ("rewards" or "actions") hold a value.
+
+        None when every row is labelled, else a read-only bool array (True =
+        labelled), all False when the column is missing wholly.
+        """
+        _check_label_name(name)
+        if getattr(self, name) is None:
+            return np.zeros(self.n_transitions, dtype=bool)
+        return self._label_masks.get(name)
+
+    def is_labelled(self, name: str) -> bool:
+        """Whether every row of label column `name` ("rewards" or "actions") has a value."""
+        return self.label_mask(name) is None
+
+    def missing_labels(self) -> list[str]:
+        """The label columns ("rewards", "actions") that are not fully labelled."""
+        return [name for name in LABELS if not self.is_labelled(name)]
+
+    def n_labelled(self, name: str) -> int:
+        """Number of rows whose label `name` has a value."""
+        mask = self.label_mask(name)
+        return self.n_transitions if mask is None else int(mask.sum())
+
+    def require_labels(self, *names: str, context: str | None = None) -> None:
+        """Raise a ValueError naming the column and how to fill it when any of `names` is not fully labelled.
+
+        `context` says who needs them (e.g. "IQL"), for the message.
+        """
+        for name in names or LABELS:
+            _check_label_name(name)
+            if self.is_labelled(name):
+                continue
+            n_missing = self.n_transitions - self.n_labelled(name)
+            who = f"{context} needs {name}, but " if context else ""
+            drop = (f" (or, where {name} are not used, drop them with dataset.without_{name}())"
+                    if n_missing < self.n_transitions else "")
+            raise ValueError(
+                f"{who}{name} are missing for {n_missing} of {self.n_transitions} transitions of this dataset; "
+                f"{_FILL_HINT[name]}{drop}"
+            )
+
+    def with_rewards(self, rewards: Any, mask: Any = None) -> "Dataset":
+        """A copy with rewards filled in (e.g. by a reward labeller).
+
+        Without `mask` every row takes the new value and the rewards become
+        fully labelled.  With `mask` (True = take the new value) only those
+        rows are replaced and become labelled; the others keep their value or
+        unlabelled state (their entries in `rewards` are ignored, NaN allowed).
+        """
+        return self._with_label("rewards", rewards, mask)
+
+    def with_actions(self, actions: Any, mask: Any = None) -> "Dataset":
+        """A copy with actions filled in (e.g. by an inverse-dynamics labeller); `mask` as in `with_rewards`."""
+        return self._with_label("actions", actions, mask)
+
+    def without_rewards(self, keep: Any = None) -> "Dataset":
+        """A copy whose rewards are missing: wholly, or (with `keep`, True = keep) in the rows where keep is False."""
+        return self._without_label("rewards", keep)
+
+    def without_actions(self, keep: Any = None) -> "Dataset":
+        """A copy whose actions are missing: wholly, or (with `keep`, True = keep) in the rows where keep is False."""
+        return self._without_label("actions", keep)
+
+    def _with_label(self, name: str, values: Any, mask: Any) -> "Dataset":
+        n = self.n_transitions
+        new = _as_float32(name, values, 2 if name == "actions" else 1)
+        if len(new) != n:
+            raise ValueError(f"{name} has {len(new)} rows but observations has {n}; pass one {name[:-1]} per transition")
+        if name == "actions" and new.shape[1] != self.action_dim:
+            raise ValueError(f"actions has {new.shape[1]} columns but the dataset's action_dim is {self.action_dim}")
+        columns = self._columns()
+        masks = self._masks()
+        take = _as_mask("mask", mask, n)
+        if take is None:
+            columns[name], masks[name] = new, None
+        else:
+            old = columns[name] if columns[name] is not None else np.zeros_like(new)
+            current = self.label_mask(name)
+            # Rows not taken keep their value and state: a NaN in `values` there never reaches the column.
+            columns[name] = np.where(take.reshape((-1,) + (1,) * (new.ndim - 1)), new, old)
+            masks[name] = None if current is None else take | current
+        return self._like(columns, self.episode_starts, masks=masks)
+
+    def _without_label(self, name: str, keep: Any) -> "Dataset":
+        _check_label_name(name)
+        columns = self._columns()
+        masks = self._masks()
+        keep_rows = _as_mask("keep", keep, self.n_transitions)
+        if keep_rows is None:
+            columns[name], masks[name] = None, None
+        else:
+            current = self.label_mask(name)
+            masks[name] = keep_rows if current is None else keep_rows & current
+        return self._like(columns, self.episode_starts, masks=masks)
+
+    def _columns(self) -> dict[str, np.ndarray | None]:
+        return {k: getattr(self, k) for k in COLUMNS}
+
+    def _masks(self) -> dict[str, np.ndarray | None]:
+        """Label masks for the constructor (None = fully labelled, or absent with the column)."""
+        return {name: self._label_masks.get(name) for name in LABELS}
 
     # ------------------------------------------------------------------ constructors
     @classmethod
@@ -241,6 +464,9 @@ class Dataset:
         action_low: Any = None,
         action_high: Any = None,
         discrete_actions: int | None = None,
+        action_dim: int | None = None,
+        reward_mask: Any = None,
+        action_mask: Any = None,
         metadata: Mapping[str, Any] | None = None,
     ) -> "Dataset":
         """Build from flat per-transition arrays.
@@ -251,15 +477,18 @@ class Dataset:
         an episode that was cut (not terminal) then has no successor and is
         dropped, and the step before it becomes the episode's timeout, as in
         D4RL's `qlearning_dataset` but keeping episode boundaries.
+
+        `actions` or `rewards` may be None (missing) and `reward_mask` /
+        `action_mask` mark per row which values are labelled; see `Dataset`.
         """
         obs = _as_float32("observations", observations, 2)
         n = len(obs)
         if n == 0:
             raise ValueError("observations is empty; a Dataset needs at least one transition")
-        rewards_arr = _as_float32("rewards", rewards, 1)
+        rewards_arr = None if rewards is None else _as_float32("rewards", rewards, 1)
         terminals_arr = np.zeros(n, np.float32) if terminals is None else _as_float32("terminals", terminals, 1)
         timeouts_arr = np.zeros(n, np.float32) if timeouts is None else _as_float32("timeouts", timeouts, 1)
-        actions_arr = _as_float32("actions", actions, 2)
+        actions_arr = None if actions is None else _as_float32("actions", actions, 2)
         log_probs_arr = None if behavior_log_probs is None else _as_float32("behavior_log_probs", behavior_log_probs, 1)
         for name, column in (
             ("actions", actions_arr),
@@ -272,6 +501,7 @@ class Dataset:
                 raise ValueError(
                     f"{name} has {len(column)} rows but observations has {n}; every column needs one row per transition"
                 )
+        masks = {"rewards": _as_mask("reward_mask", reward_mask, n), "actions": _as_mask("action_mask", action_mask, n)}
         # Check values here, before rows are dropped, so that reported row
         # numbers are the caller's rows.
         for name, column in (
@@ -283,7 +513,7 @@ class Dataset:
             ("behavior_log_probs", log_probs_arr),
         ):
             if column is not None:
-                _check_finite(name, column)
+                _check_finite(name, column, masks.get(name))
         for name, column in (("terminals", terminals_arr), ("timeouts", timeouts_arr)):
             _check_flags(name, column)
         if episode_starts is None:
@@ -313,6 +543,7 @@ class Dataset:
             keep, starts = _successor_rows(starts, terminals_arr)
             next_rows = np.minimum(keep + 1, n - 1)
             columns = {k: (None if v is None else v[keep]) for k, v in columns.items()}
+            masks = {k: (None if v is None else v[keep]) for k, v in masks.items()}
             columns["next_observations"] = obs[next_rows]
             last = starts[1:] - 1
             columns["timeouts"][last] = np.where(columns["terminals"][last] > 0, 0.0, 1.0)
@@ -324,6 +555,9 @@ class Dataset:
             action_low=action_low,
             action_high=action_high,
             discrete_actions=discrete_actions,
+            action_dim=action_dim,
+            reward_mask=masks["rewards"],
+            action_mask=masks["actions"],
             metadata=metadata,
         )
 
@@ -335,6 +569,7 @@ class Dataset:
         action_low: Any = None,
         action_high: Any = None,
         discrete_actions: int | None = None,
+        action_dim: int | None = None,
         metadata: Mapping[str, Any] | None = None,
     ) -> "Dataset":
         """Build from a list of per-episode dicts.
@@ -343,37 +578,60 @@ class Dataset:
         `next_observations`), `actions` (T), `rewards` (T) and optionally
         `terminals`/`terminations`, `timeouts`/`truncations` and
         `behavior_log_probs`.  If neither flag is given, an episode counts as
-        cut by a time limit.
+        cut by a time limit.  An episode whose actions or rewards were not
+        logged has `actions: None` / `rewards: None`; optional
+        `action_mask` / `reward_mask` entries (T flags, True = labelled) mark
+        single unlabelled steps, as `Dataset.episode` returns them.
         """
-        parts: dict[str, list[np.ndarray]] = {k: [] for k in COLUMNS}
+        parts: dict[str, list[np.ndarray | None]] = {k: [] for k in COLUMNS}
+        mask_parts: dict[str, list[np.ndarray]] = {name: [] for name in LABELS}
         lengths = []
         has_log_probs = None
         for i, episode in enumerate(episodes):
             if "actions" not in episode or "rewards" not in episode or "observations" not in episode:
-                raise ValueError(f"episode {i} needs 'observations', 'actions' and 'rewards' entries")
-            actions = _as_float32(f"episode {i} actions", episode["actions"], 2)
-            t = len(actions)
-            if t == 0:
-                raise ValueError(f"episode {i} has no actions; drop empty episodes")
+                raise ValueError(
+                    f"episode {i} needs 'observations', 'actions' and 'rewards' entries "
+                    "(actions or rewards None where the log lacks them)"
+                )
+            actions = None if episode["actions"] is None else _as_float32(f"episode {i} actions", episode["actions"], 2)
+            rewards = None if episode["rewards"] is None else _as_float32(f"episode {i} rewards", episode["rewards"], 1)
             obs = _as_float32(f"episode {i} observations", episode["observations"], 2)
-            if "next_observations" in episode:
+            has_next = "next_observations" in episode
+            if actions is not None:
+                t, unit = len(actions), "actions"
+            elif rewards is not None:
+                t, unit = len(rewards), "rewards"
+            else:  # neither label logged: the observations give the length
+                t, unit = (len(episode["next_observations"]) if has_next else len(obs) - 1), "steps"
+            if t <= 0:
+                raise ValueError(f"episode {i} has no {unit}; drop empty episodes")
+            if has_next:
                 next_obs = _as_float32(f"episode {i} next_observations", episode["next_observations"], 2)
             elif len(obs) == t + 1:
                 obs, next_obs = obs[:-1], obs[1:]
             else:
                 raise ValueError(
-                    f"episode {i} has {len(obs)} observations for {t} actions; pass T + 1 observations "
+                    f"episode {i} has {len(obs)} observations for {t} {unit}; pass T + 1 observations "
                     "(including the final one) or a next_observations entry"
                 )
             if len(obs) != t:
-                raise ValueError(f"episode {i} observations has {len(obs)} rows but actions has {t}")
+                raise ValueError(f"episode {i} observations has {len(obs)} rows but {unit} has {t}")
             if len(next_obs) != t:
-                raise ValueError(f"episode {i} next_observations has {len(next_obs)} rows but actions has {t}")
-            rewards = _as_float32(f"episode {i} rewards", episode["rewards"], 1)
-            if len(rewards) != t:
-                raise ValueError(f"episode {i} rewards has {len(rewards)} rows but actions has {t}")
-            terminals = _flag(episode, ("terminals", "terminations"), t, i)
-            timeouts = _flag(episode, ("timeouts", "truncations"), t, i)
+                raise ValueError(f"episode {i} next_observations has {len(next_obs)} rows but {unit} has {t}")
+            if rewards is not None and len(rewards) != t:
+                raise ValueError(f"episode {i} rewards has {len(rewards)} rows but {unit} has {t}")
+            for name, values in (("rewards", rewards), ("actions", actions)):
+                key = _MASK_KEYS[name]
+                mask = _as_mask(f"episode {i} {key}", episode.get(key), t)
+                if values is None:
+                    mask = np.zeros(t, bool)
+                    if episode.get(key) is not None and np.any(episode[key]):
+                        raise ValueError(f"episode {i} {key} marks steps as labelled but its {name} is None")
+                mask_parts[name].append(np.ones(t, bool) if mask is None else mask)
+                if values is not None:
+                    _check_finite(f"episode {i} {name}", values, mask)
+            terminals = _flag(episode, ("terminals", "terminations"), t, i, unit)
+            timeouts = _flag(episode, ("timeouts", "truncations"), t, i, unit)
             early = np.flatnonzero((terminals[:-1] > 0) | (timeouts[:-1] > 0))
             if len(early):
                 raise ValueError(
@@ -401,18 +659,38 @@ class Dataset:
             if log_probs is not None:
                 log_probs = _as_float32(f"episode {i} behavior_log_probs", log_probs, 1)
                 if len(log_probs) != t:
-                    raise ValueError(f"episode {i} behavior_log_probs has {len(log_probs)} rows but actions has {t}")
+                    raise ValueError(f"episode {i} behavior_log_probs has {len(log_probs)} rows but {unit} has {t}")
                 parts["behavior_log_probs"].append(log_probs)
             lengths.append(t)
         if not lengths:
             raise ValueError("episodes is empty; a Dataset needs at least one episode")
-        columns = {k: (np.concatenate(v) if v else None) for k, v in parts.items()}
+        # Episodes without actions or rewards get placeholder rows of the right width; their mask is False.
+        widths = {a.shape[1] for a in parts["actions"] if a is not None}
+        if len(widths) > 1:
+            raise ValueError(f"episodes have actions of different widths {sorted(widths)}; all must share one action space")
+        width = widths.pop() if widths else None
+        columns: dict[str, np.ndarray | None] = {}
+        masks: dict[str, np.ndarray | None] = {}
+        for k, v in parts.items():
+            if k in LABELS:
+                present = [x for x in v if x is not None]
+                if not present:
+                    columns[k], masks[k] = None, None
+                    continue
+                columns[k] = np.concatenate([x if x is not None else _placeholder(k, t, width)
+                                             for x, t in zip(v, lengths)])
+                masks[k] = np.concatenate(mask_parts[k])
+            else:
+                columns[k] = np.concatenate(v) if v else None
         return cls(
             **columns,
             episode_starts=np.concatenate([[0], np.cumsum(lengths)]),
             action_low=action_low,
             action_high=action_high,
             discrete_actions=discrete_actions,
+            action_dim=action_dim if action_dim is not None else width,
+            reward_mask=masks["rewards"],
+            action_mask=masks["actions"],
             metadata=metadata,
         )
 
@@ -424,7 +702,7 @@ class Dataset:
         observation_columns: Sequence[str] | None = None,
         action_columns: Sequence[str] | None = None,
         next_observation_columns: Sequence[str] | None = None,
-        reward_column: str = "reward",
+        reward_column: str | None = "reward",
         terminal_column: str = "terminal",
         timeout_column: str = "timeout",
         episode_column: str | None = "episode_id",
@@ -436,7 +714,10 @@ class Dataset:
         By default columns follow `to_pandas`: `obs_0..`, `action_0..`,
         `next_obs_0..` (optional), `reward`, `terminal`, `timeout`,
         `episode_id` and `behavior_log_prob` (optional).  Rows of an
-        episode must be contiguous and in time order.
+        episode must be contiguous and in time order.  NaN in the reward or
+        action columns marks a missing label; `reward_column=None` or
+        `action_columns=()` (with `action_dim=...`) reads a log without them.
+        Other keyword arguments go to `from_arrays`.
         """
         columns = list(df.columns)
 
@@ -445,21 +726,24 @@ class Dataset:
                 missing = [c for c in explicit if c not in columns]
                 if missing:
                     raise ValueError(f"DataFrame has no column(s) {missing}; available: {columns}")
-                return list(explicit)
+                return list(explicit) or None
             found = sorted((c for c in columns if isinstance(c, str) and c.startswith(prefix) and c[len(prefix):].isdigit()),
                            key=lambda c: int(c[len(prefix):]))
             if required and not found:
+                kind = "observation" if prefix == "obs_" else "action"
+                extra = "" if prefix == "obs_" else " (or action_columns=() with action_dim=... for a log without actions)"
                 raise ValueError(
-                    f"DataFrame has no '{prefix}0', '{prefix}1', ... columns; pass "
-                    f"{'observation' if prefix == 'obs_' else 'action'}_columns=[...] naming them"
+                    f"DataFrame has no '{prefix}0', '{prefix}1', ... columns; pass {kind}_columns=[...] naming them{extra}"
                 )
             return found or None
 
         obs_cols = pick(observation_columns, "obs_", True)
         act_cols = pick(action_columns, "action_", True)
         next_cols = pick(next_observation_columns, "next_obs_", False)
-        if reward_column not in columns:
-            raise ValueError(f"DataFrame has no reward column '{reward_column}'; pass reward_column=...")
+        if reward_column is not None and reward_column not in columns:
+            raise ValueError(
+                f"DataFrame has no reward column '{reward_column}'; pass reward_column=... (None for a log without rewards)"
+            )
         get = lambda name: df[name].to_numpy() if name in columns else None  # noqa: E731
         starts = None
         if episode_column is not None and episode_column in columns:
@@ -468,31 +752,52 @@ class Dataset:
             starts = np.concatenate([[0], change, [len(ids)]])
             if len(np.unique(ids)) != len(starts) - 1:
                 raise ValueError(f"rows of each {episode_column} must be contiguous; sort the DataFrame by episode and step")
+        rewards = reward_mask = None
+        if reward_column is not None:
+            rewards = _as_float32(f"column {reward_column!r}", df[reward_column].to_numpy(), 1)
+            reward_mask = ~np.isnan(rewards)
+        actions = action_mask = None
+        if act_cols is not None:
+            actions = _as_float32("actions", df[act_cols].to_numpy(np.float32), 2)
+            nan = np.isnan(actions)
+            partial = np.flatnonzero(nan.any(1) & ~nan.all(1))
+            if len(partial):
+                raise ValueError(
+                    f"row {int(partial[0])} has NaN in some but not all of the action columns {act_cols}; "
+                    "an action is either logged (all columns) or missing (all NaN)"
+                )
+            action_mask = ~nan[:, 0]
         return cls.from_arrays(
             observations=df[obs_cols].to_numpy(np.float32),
-            actions=df[act_cols].to_numpy(np.float32),
-            rewards=get(reward_column),
+            actions=actions,
+            rewards=rewards,
             terminals=get(terminal_column),
             timeouts=get(timeout_column),
             next_observations=None if next_cols is None else df[next_cols].to_numpy(np.float32),
             behavior_log_probs=get(log_prob_column),
             episode_starts=starts,
+            reward_mask=kwargs.pop("reward_mask", reward_mask),
+            action_mask=kwargs.pop("action_mask", action_mask),
             **kwargs,
         )
 
     def to_pandas(self) -> Any:
-        """One row per transition; `Dataset.from_pandas(ds.to_pandas())` round-trips."""
+        """One row per transition; `Dataset.from_pandas(ds.to_pandas())` round-trips.
+
+        Missing rewards or actions are NaN.
+        """
         import pandas as pd
 
         data: dict[str, np.ndarray] = {}
         lengths = np.diff(self.episode_starts)
         data["episode_id"] = np.repeat(np.arange(self.n_episodes), lengths)
-        data["step"] = np.arange(self.n_transitions) - np.repeat(self.episode_starts[:-1], lengths)
+        data["step"] = self.timesteps()
         for j in range(self.observation_dim):
             data[f"obs_{j}"] = self.observations[:, j]
+        actions = self._with_nan("actions")
         for j in range(self.action_dim):
-            data[f"action_{j}"] = self.actions[:, j]
-        data["reward"] = self.rewards
+            data[f"action_{j}"] = actions[:, j]
+        data["reward"] = self._with_nan("rewards")
         data["terminal"] = self.terminals
         data["timeout"] = self.timeouts
         for j in range(self.observation_dim):
@@ -500,6 +805,18 @@ class Dataset:
         if self.behavior_log_probs is not None:
             data["behavior_log_prob"] = self.behavior_log_probs
         return pd.DataFrame(data)
+
+    def _with_nan(self, name: str) -> np.ndarray:
+        """Label column `name` with NaN in its unlabelled rows (a copy when any row is unlabelled)."""
+        values = getattr(self, name)
+        mask = self.label_mask(name)
+        if mask is None:
+            return values
+        shape = (self.n_transitions, self.action_dim) if name == "actions" else (self.n_transitions,)
+        out = np.full(shape, np.nan, np.float32)
+        if values is not None:
+            out[mask] = values[mask]
+        return out
 
     # ------------------------------------------------------------------ shape & stats
     @property
@@ -516,7 +833,7 @@ class Dataset:
 
     @property
     def action_dim(self) -> int:
-        return self.actions.shape[1]
+        return self._action_dim
 
     @property
     def has_behavior_log_probs(self) -> bool:
@@ -527,34 +844,36 @@ class Dataset:
 
     def __repr__(self) -> str:
         name = self.metadata.get("name")
+        missing = [
+            f"{label} missing" + ("" if getattr(self, label) is None else f" in {len(self) - self.n_labelled(label)} rows")
+            for label in self.missing_labels()
+        ]
         return (
             f"Dataset({'name=' + repr(name) + ', ' if name else ''}n_transitions={self.n_transitions}, "
             f"n_episodes={self.n_episodes}, observation_dim={self.observation_dim}, action_dim={self.action_dim}"
-            f"{', behavior_log_probs' if self.has_behavior_log_probs else ''})"
+            f"{', behavior_log_probs' if self.has_behavior_log_probs else ''}"
+            f"{''.join(', ' + m for m in missing)})"
         )
 
     def episode_lengths(self) -> np.ndarray:
         return np.diff(self.episode_starts)
 
+    def timesteps(self) -> np.ndarray:
+        """Step index of every transition within its episode (int64, 0 at each episode's first step)."""
+        return episode_timesteps(self.episode_starts)
+
     def episode_returns(self, gamma: float = 1.0) -> np.ndarray:
         """Sum of rewards per episode (discounted when gamma < 1)."""
+        self.require_labels("rewards", context="episode_returns")
         if gamma == 1.0:
             return np.add.reduceat(self.rewards.astype(np.float64), self.episode_starts[:-1])
-        steps = np.arange(self.n_transitions) - np.repeat(self.episode_starts[:-1], self.episode_lengths())
+        steps = self.timesteps()
         return np.add.reduceat(self.rewards * gamma ** steps.astype(np.float64), self.episode_starts[:-1])
 
     def returns_to_go(self, gamma: float = 1.0) -> np.ndarray:
         """Discounted Monte-Carlo return from each step to the end of its episode (float32)."""
-        from scipy.signal import lfilter
-
-        # One reverse discounted cumulative sum over the whole array, then
-        # subtract what leaks in from later episodes:
-        # G_all[t] = G_episode[t] + gamma ** (end - t) * G_all[end].
-        rewards = self.rewards.astype(np.float64)
-        g_all = lfilter([1.0], [1.0, -float(gamma)], rewards[::-1])[::-1]
-        ends = np.repeat(self.episode_starts[1:], self.episode_lengths())
-        leak = np.append(g_all, 0.0)[ends] * float(gamma) ** (ends - np.arange(self.n_transitions)).astype(np.float64)
-        return (g_all - leak).astype(np.float32)
+        self.require_labels("rewards", context="returns_to_go")
+        return episode_returns_to_go(self.rewards, self.episode_starts, gamma)
 
     def observation_stats(self, eps: float = 1e-3) -> tuple[np.ndarray, np.ndarray]:
         """Mean and std of observations (std floored at `eps`) for normalisation."""
@@ -563,25 +882,44 @@ class Dataset:
         return mean.astype(np.float32), np.maximum(std, eps).astype(np.float32)
 
     # ------------------------------------------------------------------ episodes
-    def episode(self, index: int) -> dict[str, np.ndarray]:
-        """Episode `index` as a dict of column slices (views, not copies)."""
+    def episode(self, index: int) -> dict[str, np.ndarray | None]:
+        """Episode `index` as a dict of column slices (views, not copies).
+
+        A label missing wholly is None; one missing in some rows comes with
+        its mask slice (`reward_mask` / `action_mask`, True = labelled), so
+        `Dataset.from_episodes(list(ds))` keeps the labels as they are.
+        """
         if not -self.n_episodes <= index < self.n_episodes:
             raise IndexError(f"episode index {index} out of range for {self.n_episodes} episodes")
         index %= self.n_episodes
         s, e = self.episode_starts[index], self.episode_starts[index + 1]
-        return {k: getattr(self, k)[s:e] for k in COLUMNS if getattr(self, k) is not None}
+        out: dict[str, np.ndarray | None] = {}
+        for k in COLUMNS:
+            column = getattr(self, k)
+            if column is not None:
+                out[k] = column[s:e]
+            elif k in LABELS:
+                out[k] = None
+        for name, mask in self._label_masks.items():
+            out[_MASK_KEYS[name]] = mask[s:e]
+        return out
 
-    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+    def __iter__(self) -> Iterator[dict[str, np.ndarray | None]]:
         for i in range(self.n_episodes):
             yield self.episode(i)
 
-    def _like(self, columns: dict[str, np.ndarray | None], starts: np.ndarray, metadata: dict | None = None) -> "Dataset":
+    def _like(self, columns: dict[str, np.ndarray | None], starts: np.ndarray, metadata: dict | None = None,
+              masks: Mapping[str, np.ndarray | None] | None = None) -> "Dataset":
+        masks = self._masks() if masks is None else masks
         return Dataset(
             **columns,
             episode_starts=starts,
             action_low=self.action_low,
             action_high=self.action_high,
             discrete_actions=self.discrete_actions,
+            action_dim=self.action_dim,
+            reward_mask=masks.get("rewards"),
+            action_mask=masks.get("actions"),
             metadata=self.metadata if metadata is None else metadata,
         )
 
@@ -597,11 +935,16 @@ class Dataset:
         rows = np.repeat(self.episode_starts[idx] - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths)
         rows += np.arange(lengths.sum())
         columns = {k: (None if getattr(self, k) is None else getattr(self, k)[rows]) for k in COLUMNS}
-        return self._like(columns, np.concatenate([[0], np.cumsum(lengths)]))
+        masks = {k: (None if m is None else m[rows]) for k, m in self._masks().items()}
+        return self._like(columns, np.concatenate([[0], np.cumsum(lengths)]), masks=masks)
 
     @staticmethod
     def concatenate(datasets: Sequence["Dataset"], metadata: Mapping[str, Any] | None = None) -> "Dataset":
-        """Concatenate datasets episode-wise (spaces and log-prob presence must agree)."""
+        """Concatenate datasets episode-wise (spaces and log-prob presence must agree).
+
+        Labelled and unlabelled datasets concatenate to one whose label masks
+        say which rows came with rewards and actions.
+        """
         datasets = list(datasets)
         if not datasets:
             raise ValueError("datasets is empty; pass at least one Dataset to concatenate")
@@ -624,13 +967,21 @@ class Dataset:
                     f"dataset {i} {'has' if ds.has_behavior_log_probs else 'lacks'} behavior_log_probs unlike dataset 0; "
                     "drop them from all (ds.without_behavior_log_probs()) before concatenating"
                 )
-        columns = {
-            k: (None if getattr(first, k) is None else np.concatenate([getattr(d, k) for d in datasets])) for k in COLUMNS
-        }
+        columns: dict[str, np.ndarray | None] = {}
+        masks: dict[str, np.ndarray | None] = {}
+        for k in COLUMNS:
+            if k in LABELS and any(not d.is_labelled(k) for d in datasets):
+                columns[k] = np.concatenate([getattr(d, k) if getattr(d, k) is not None
+                                             else _placeholder(k, d.n_transitions, d.action_dim) for d in datasets])
+                masks[k] = np.concatenate([np.ones(d.n_transitions, bool) if d.is_labelled(k) else d.label_mask(k)
+                                           for d in datasets])
+            else:
+                columns[k] = None if getattr(first, k) is None else np.concatenate([getattr(d, k) for d in datasets])
+                masks[k] = None
         offsets = np.cumsum([0] + [d.n_transitions for d in datasets[:-1]])
         starts = np.concatenate([d.episode_starts[:-1] + o for d, o in zip(datasets, offsets)] + [[sum(len(d) for d in datasets)]])
         meta = dict(first.metadata) if metadata is None else dict(metadata)
-        return first._like(columns, starts, meta)
+        return first._like(columns, starts, meta, masks=masks)
 
     def __add__(self, other: "Dataset") -> "Dataset":
         if not isinstance(other, Dataset):
@@ -638,19 +989,20 @@ class Dataset:
         return Dataset.concatenate([self, other])
 
     def without_behavior_log_probs(self) -> "Dataset":
-        columns = {k: getattr(self, k) for k in COLUMNS}
+        columns = self._columns()
         columns["behavior_log_probs"] = None
-        return self._like(columns, self.episode_starts)
-
-    def with_rewards(self, rewards: np.ndarray) -> "Dataset":
-        """A copy with new rewards (e.g. from a reward labeler)."""
-        columns = {k: getattr(self, k) for k in COLUMNS}
-        columns["rewards"] = rewards
         return self._like(columns, self.episode_starts)
 
     # ------------------------------------------------------------------ sampling
     def tensors(self, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
-        """The columns as torch tensors on `device` (made once and cached; CPU tensors share memory)."""
+        """The columns as torch tensors on `device` (made once and cached; CPU tensors share memory).
+
+        A label missing wholly is left out; one missing in some rows raises a
+        ValueError (its placeholder zeros must not pass for data).
+        """
+        for name in LABELS:
+            if name in self._label_masks:
+                self.require_labels(name, context="Dataset.tensors/sample")
         dev = torch.device(device)
         if dev.type == "cuda" and dev.index is None:
             dev = torch.device("cuda", torch.cuda.current_device())  # "cuda" and "cuda:0" share one copy
@@ -670,7 +1022,8 @@ class Dataset:
         """Draw `batch_size` transitions uniformly with replacement.
 
         The indices come from `torch.randint` on the generator's device, so a
-        seeded generator gives a repeatable stream of batches.
+        seeded generator gives a repeatable stream of batches.  A label
+        missing wholly is None in the batch; one missing in some rows raises.
         """
         if device is None:
             device = generator.device if generator is not None else "cpu"
@@ -683,24 +1036,36 @@ class Dataset:
 
     @staticmethod
     def gather(index: torch.Tensor, columns: Mapping[str, torch.Tensor]) -> Batch:
-        """Rows `index` of tensor columns as a Batch (columns that are not Dataset columns go to `extras`)."""
+        """Rows `index` of tensor columns as a Batch (columns that are not Dataset columns go to `extras`;
+        absent actions or rewards are None)."""
         picked = {k: v.index_select(0, index) for k, v in columns.items() if k in _COLUMN_SET}
         extras = {k: v.index_select(0, index) for k, v in columns.items() if k not in _COLUMN_SET}
+        for name in LABELS:
+            picked.setdefault(name, None)
         return Batch(indices=index, extras=extras, **picked)
 
     # ------------------------------------------------------------------ persistence
     def save(self, path: str | os.PathLike) -> None:
-        """Write an uncompressed `.npz` (no pickles) atomically."""
+        """Write an uncompressed `.npz` (no pickles) atomically.
+
+        Label masks are stored as bool arrays `reward_mask` / `action_mask`;
+        a file with missing labels is format 2, which older offrl refuses.
+        """
         path = os.fspath(path)
         arrays = {k: getattr(self, k) for k in COLUMNS if getattr(self, k) is not None}
         arrays["episode_starts"] = self.episode_starts
-        header = {
+        header: dict[str, Any] = {
             "format_version": FORMAT_VERSION,
             "discrete_actions": self.discrete_actions,
             "action_low": None if self.action_low is None else self.action_low.tolist(),
             "action_high": None if self.action_high is None else self.action_high.tolist(),
             "metadata": self.metadata,
         }
+        if self.missing_labels():
+            header["format_version"] = MASKED_FORMAT_VERSION
+            header["action_dim"] = self.action_dim
+            for name, mask in self._label_masks.items():
+                arrays[_MASK_KEYS[name]] = np.asarray(mask)
         arrays["header"] = np.frombuffer(json.dumps(header, default=_json_default).encode(), dtype=np.uint8)
         with atomic_write_path(path, suffix=".npz") as tmp:
             with open(tmp, "wb") as f:
@@ -716,12 +1081,17 @@ class Dataset:
             if "header" not in data:
                 raise ValueError(f"{path} is not an offrl Dataset file (no header); write it with Dataset.save")
             header = json.loads(bytes(data["header"]).decode())
-            if header.get("format_version") != FORMAT_VERSION:
+            if header.get("format_version") not in _READABLE_FORMATS:
                 raise ValueError(
-                    f"{path} has Dataset format {header.get('format_version')}, this offrl reads {FORMAT_VERSION}; "
-                    "re-save it with a matching offrl version"
+                    f"{path} has Dataset format {header.get('format_version')}, this offrl reads formats "
+                    f"{list(_READABLE_FORMATS)}; re-save it with a matching offrl version"
                 )
             columns = {k: (data[k] if k in data else None) for k in COLUMNS}
+            if header["format_version"] == FORMAT_VERSION:
+                absent = [k for k in _REQUIRED if columns[k] is None]
+                if absent:
+                    raise ValueError(f"{path} lacks column(s) {absent}; the file is damaged, write it again with Dataset.save")
+            masks = {name: (data[key] if key in data else None) for name, key in _MASK_KEYS.items()}
             starts = data["episode_starts"]
         return cls(
             **columns,
@@ -729,8 +1099,47 @@ class Dataset:
             action_low=header["action_low"],
             action_high=header["action_high"],
             discrete_actions=header["discrete_actions"],
+            action_dim=header.get("action_dim"),
+            reward_mask=masks["rewards"],
+            action_mask=masks["actions"],
             metadata=header["metadata"],
         )
+
+
+def _placeholder(name: str, n: int, action_dim: int | None) -> np.ndarray:
+    """Zeros standing in for n unlabelled rows of label column `name`."""
+    return np.zeros((n, action_dim) if name == "actions" else (n,), np.float32)
+
+
+def _check_label_name(name: str) -> None:
+    if name not in LABELS:
+        raise ValueError(f"label name must be one of {LABELS}, got {name!r}")
+
+
+def _resolve_action_dim(actions: np.ndarray | None, action_dim: int | None, action_low: Any, action_high: Any,
+                        discrete_actions: int | None) -> int:
+    """The action dimension: from the actions, else `action_dim`, a discrete space (1) or per-dimension bounds."""
+    if action_dim is not None:
+        action_dim = int(action_dim)
+        if action_dim < 1:
+            raise ValueError(f"action_dim must be a positive integer, got {action_dim}")
+    if actions is not None:
+        if action_dim is not None and action_dim != actions.shape[1]:
+            raise ValueError(f"action_dim is {action_dim} but actions has {actions.shape[1]} columns; drop action_dim or fix it")
+        return actions.shape[1]
+    if discrete_actions is not None:
+        if action_dim not in (None, 1):
+            raise ValueError(f"action_dim is {action_dim} but a discrete action space has one column of action indices")
+        return 1
+    if action_dim is not None:
+        return action_dim
+    sizes = {np.size(b) for b in (action_low, action_high) if b is not None and np.ndim(b) >= 1}
+    if len(sizes) == 1:
+        return sizes.pop()
+    raise ValueError(
+        "actions is None (not logged), so the action dimension is unknown; pass action_dim=... "
+        "(or per-dimension action_low/action_high, or discrete_actions)"
+    )
 
 
 def _same_bounds(a: np.ndarray | None, b: np.ndarray | None) -> bool:
@@ -745,12 +1154,12 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"metadata value {value!r} is not JSON serialisable")
 
 
-def _flag(episode: Mapping[str, Any], names: tuple[str, ...], t: int, i: int) -> np.ndarray:
+def _flag(episode: Mapping[str, Any], names: tuple[str, ...], t: int, i: int, unit: str = "actions") -> np.ndarray:
     for name in names:
         if name in episode:
             flag = _as_float32(f"episode {i} {name}", episode[name], 1)
             if len(flag) != t:
-                raise ValueError(f"episode {i} {name} has {len(flag)} rows but actions has {t}")
+                raise ValueError(f"episode {i} {name} has {len(flag)} rows but {unit} has {t}")
             return flag.copy()
     return np.zeros(t, np.float32)
 

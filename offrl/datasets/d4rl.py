@@ -120,14 +120,16 @@ def read_d4rl_hdf5(path: str | os.PathLike, name: str | None = None) -> Dataset:
     as a timeout (D4RL's convention).  Without `next_observations` the next
     observation is the following row, and rows cut by a timeout are dropped
     as in D4RL's `qlearning_dataset`, while the episode boundary is kept.
+    A file without `rewards` gives a Dataset whose rewards are missing.
     """
     import h5py
 
     path = Path(path)
     with h5py.File(path, "r") as f:
-        missing = [k for k in ("observations", "actions", "rewards", "terminals") if k not in f]
+        # rewards may be absent: an unlabelled log, to be labelled (offrl.reward_labeling) before training
+        missing = [k for k in ("observations", "actions", "terminals") if k not in f]
         if missing:
-            raise ValueError(f"{path} lacks D4RL key(s) {missing}; expected observations, actions, rewards, terminals[, timeouts]")
+            raise ValueError(f"{path} lacks D4RL key(s) {missing}; expected observations, actions, terminals[, rewards, timeouts]")
 
         def read(key: str) -> np.ndarray | None:
             if key not in f:

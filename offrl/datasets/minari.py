@@ -131,12 +131,16 @@ def to_minari(
     Behaviour log-probs go to the per-step info `action_log_probs`.  When a
     stored `next_observations` differs from the following observation within
     an episode, it is kept as info `next_observations` so nothing is lost.
-    Reference scores default to the dataset's own metadata.
+    Reference scores default to the dataset's own metadata.  Minari has no
+    place for missing labels, so a dataset lacking any rewards or actions is
+    refused (label it first).
     """
     import gymnasium as gym
     import minari
     from minari.data_collector import EpisodeBuffer
 
+    # Minari has no field for a missing label: unlabelled rows would be written as real zeros.
+    dataset.require_labels("rewards", "actions", context="to_minari")
     if env is None and (observation_space is None or action_space is None):
         if dataset.metadata.get("env_id"):
             env = dataset.metadata["env_id"]

@@ -32,12 +32,21 @@ def true_policy_value(env: Any, policy: Any, gamma: float, n_rollouts: int = 100
     target = as_target_policy(policy, dataset)
     rng = np.random.default_rng(seed)
     torch.manual_seed(seed)  # offrl policies sample with torch's global generator
-    out = evaluate_policy(lambda obs: target.act(obs, rng), env, n_episodes=int(n_rollouts), seed=seed, gamma=gamma,
+    actor = lambda obs: target.act(obs, rng)  # noqa: E731
+    if _keeps_context(policy):  # a transformer or a guide: roll it out through its own stateful actor
+        actor = policy.make_actor(deterministic=target.kind == "deterministic")
+    out = evaluate_policy(actor, env, n_episodes=int(n_rollouts), seed=seed, gamma=gamma,
                           max_steps=check_horizon(horizon))
     values = np.asarray(out["discounted_returns"], np.float64)
     se = float(values.std(ddof=1) / math.sqrt(len(values))) if len(values) > 1 else math.inf
     return {"value": float(values.mean()), "std_error": se, "n": len(values),
             "undiscounted_return": float(out["return_mean"])}
+
+
+def _keeps_context(policy: Any) -> bool:
+    from offrl.algos.base import BaseEstimator
+
+    return isinstance(policy, BaseEstimator) and type(policy).make_actor is not BaseEstimator.make_actor
 
 
 def benchmark(
