@@ -1,7 +1,7 @@
 """Each offline algorithm on a tiny problem: losses finite and moving the right way, the policy
 moving towards the best action, and save/load/clone/resume; plus the algorithm-specific pieces
 (TD3+BC's delayed actor, IQL's schedule and reward scaling, CQL's Lagrange variant, Cal-QL's
-Monte-Carlo bounds, presets)."""
+Monte-Carlo bounds and parameters, presets) and the shared losses."""
 
 from __future__ import annotations
 
@@ -17,8 +17,10 @@ import offrl
 from offrl.algos import BC, CQL, IQL, CalQL, TD3PlusBC
 from offrl.algos.cql import calql_mc_returns, cql_penalty
 from offrl.algos.iql import expectile_loss
+from offrl.algos.losses import LearnedScale, critic_td_loss, sac_actor_loss, temperature_loss
 from offrl.algos.presets import preset_params
 from offrl.datasets import Dataset
+from offrl.ope.fqe import FQE
 
 ALGORITHMS = [BC, TD3PlusBC, IQL, CQL, CalQL]
 CRITIC_ALGORITHMS = [TD3PlusBC, IQL, CQL, CalQL]
@@ -134,15 +136,24 @@ def test_save_load_clone_and_resume(cls, episodic, tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.parametrize("cls", [*ALGORITHMS, FQE], ids=lambda c: c.__name__)
+def test_log_every_is_a_constructor_parameter_that_clone_keeps(cls):
+    assert cls().get_params()["log_every"] == 100
+    assert sklearn.base.clone(cls(log_every=7)).log_every == 7
+
+
+def test_the_estimators_log_every_sets_the_logging_interval(bandit, tmp_path):
+    BC(**SMALL, log_every=5, random_state=0).fit(bandit, n_steps=20, log_dir=tmp_path, progress=False)
+    with open(tmp_path / "train.csv") as f:
+        assert [int(row["step"]) for row in csv.DictReader(f)] == [5, 10, 15, 20]
+
+
 # ---------------------------------------------------------------------- algorithm-specific
 def test_td3_bc_updates_the_actor_every_second_step(bandit):
     algo = TD3PlusBC(**SMALL, random_state=0).fit(bandit, n_steps=0, progress=False)
     initial = {k: v.clone() for k, v in algo.policy_.state_dict().items()}
     target = {k: v.clone() for k, v in algo.critic_target_.state_dict().items()}
-    from offrl.algos.base import _PackedSampler
-
-    sample = _PackedSampler(algo._training_columns(bandit))
-    batch = sample(torch.arange(64))
+    batch = algo._make_sampler(bandit).gather(torch.arange(64))
     algo._update(batch, 0)
     assert all(torch.equal(v, algo.policy_.state_dict()[k]) for k, v in initial.items())
     assert all(torch.equal(v, algo.critic_target_.state_dict()[k]) for k, v in target.items())
@@ -180,7 +191,17 @@ def test_cql_lagrange_learns_alpha_prime(bandit):
     algo = CQL(**SMALL, lagrange=True, target_action_gap=10.0, random_state=0).fit(bandit, n_steps=50, progress=False)
     # the gap stays below the (large) target, so alpha' shrinks from its initial e
     assert algo.last_metrics_["alpha_prime"] < math.e
-    assert algo.log_alpha_prime_.log_value.grad is not None
+    assert algo.alpha_prime_.log_value.grad is not None
+    # the modules return the multipliers themselves; their parameter is the log
+    with torch.no_grad():
+        assert algo.alpha_prime_().item() == pytest.approx(math.exp(algo.alpha_prime_.log_value.item()))
+        assert algo.temperature_().item() == pytest.approx(algo.last_metrics_["alpha"], rel=1e-2)
+    assert {"temperature_", "alpha_prime_"} <= set(algo._state_objects())
+
+
+def test_cql_rejects_a_non_positive_init_alpha(bandit):
+    with pytest.raises(ValueError, match="init_alpha must be positive"):
+        CQL(**SMALL, init_alpha=0.0).fit(bandit, n_steps=1, progress=False)
 
 
 def test_calql_mc_returns_follow_the_episodes():
@@ -201,9 +222,49 @@ def test_calql_mc_returns_follow_the_episodes():
 def test_calql_clips_policy_q_values_at_the_mc_return(episodic):
     algo = CalQL(hidden_dims=(32, 32), batch_size=32, random_state=0).fit(episodic, n_steps=2, progress=False)
     q = torch.tensor([[[-5.0, 0.0], [3.0, -1.0]]])  # (1 critic, 2 samples, 2 states)
-    clipped = algo._lower_bound(q, {"mc_returns": torch.tensor([1.0, -0.5])})
+    clipped = algo._penalized_policy_q(q, {"mc_returns": torch.tensor([1.0, -0.5])})
     assert clipped.tolist() == [[[1.0, 0.0], [3.0, -0.5]]]
-    assert CQL()._lower_bound(q, {}) is q
+    assert CQL()._penalized_policy_q(q, {}) is q
+
+
+def test_calql_has_every_cql_parameter_plus_sparse_rewards(episodic, tmp_path):
+    assert set(CalQL().get_params()) == set(CQL().get_params()) | {"sparse_rewards"}
+    assert CalQL().get_params() == {**CQL().get_params(), "sparse_rewards": False}  # CQL's defaults
+    assert repr(CalQL()) == "CalQL()" and repr(CalQL(cql_alpha=1.0, sparse_rewards=True)) == (
+        "CalQL(cql_alpha=1.0, sparse_rewards=True)")
+    algo = CalQL(cql_alpha=2.0, sparse_rewards=True, log_every=5)
+    clone = sklearn.base.clone(algo)
+    assert type(clone) is CalQL and clone.get_params() == algo.get_params()
+    clone.set_params(lagrange=True, sparse_rewards=False)
+    assert (clone.lagrange, clone.sparse_rewards, clone.cql_alpha) == (True, False, 2.0)
+    with pytest.raises(ValueError, match="Invalid parameter"):
+        clone.set_params(no_such_parameter=1)
+    with pytest.raises(TypeError, match="no_such_parameter"):
+        CalQL(no_such_parameter=1)
+    algo.set_params(hidden_dims=(16, 16), batch_size=16, random_state=0).fit(episodic, n_steps=3, progress=False)
+    algo.save(tmp_path / "calql.pt")
+    loaded = offrl.load(tmp_path / "calql.pt")
+    assert type(loaded) is CalQL and loaded.get_params() == {**algo.get_params(), "device": loaded.device}
+    np.testing.assert_array_equal(loaded.predict(episodic.observations[:5]), algo.predict(episodic.observations[:5]))
+
+
+def test_shared_losses_match_their_definitions():
+    q = torch.tensor([[1.0, 2.0, 3.0], [0.0, 2.0, 5.0]])
+    target = torch.tensor([1.0, 1.0, 1.0])
+    # sum over the two critics of each one's mean squared TD error
+    assert critic_td_loss(q, target).item() == pytest.approx((0 + 1 + 4) / 3 + (1 + 1 + 16) / 3)
+    log_prob, alpha = torch.tensor([-1.0, -3.0]), torch.tensor(0.5)
+    assert sac_actor_loss(log_prob, torch.tensor([2.0, 4.0]), alpha).item() == pytest.approx(
+        ((0.5 * -1 - 2) + (0.5 * -3 - 4)) / 2)
+    log_alpha = torch.tensor(0.3, requires_grad=True)
+    loss = temperature_loss(log_alpha, log_prob.requires_grad_(), target_entropy=1.0)
+    loss.backward()
+    assert loss.item() == pytest.approx(-0.3 * ((-1 + 1) + (-3 + 1)) / 2)
+    assert log_alpha.grad.item() == pytest.approx(1.0) and log_prob.grad is None  # log pi is not trained by it
+    scale = LearnedScale(2.0)
+    assert scale().item() == pytest.approx(2.0) and scale.log_value.item() == pytest.approx(math.log(2.0))
+    with pytest.raises(ValueError, match="init_value must be positive"):
+        LearnedScale(0.0)
 
 
 def test_presets_are_data_and_match_whole_words():

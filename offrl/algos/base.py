@@ -21,8 +21,6 @@ as tensors on the training device and touches Python floats only every
 from __future__ import annotations
 
 import contextlib
-import csv
-import math
 import os
 import warnings
 from pathlib import Path
@@ -36,6 +34,7 @@ from torch import nn
 
 from offrl.datasets.core import Batch, Dataset, atomic_write_path
 from offrl.datasets.samplers import TransitionSampler
+from offrl.datasets.transformers import clone_keeping_fitted_params
 from offrl.nn import DeterministicPolicy
 from offrl.monitor import TrainingDivergedError, TrainingMonitor, read_checkpoint, write_checkpoint
 
@@ -157,16 +156,9 @@ class BaseEstimator(sklearn.base.BaseEstimator):
     def __sklearn_is_fitted__(self) -> bool:
         return hasattr(self, "spec_")
 
-    def __sklearn_clone__(self) -> "BaseEstimator":
-        """An unfitted copy with the same hyper-parameters, keeping parameters that are *fitted* estimators.
-
-        scikit-learn's clone would clone (and so un-fit) a nested estimator; a
-        guide policy or an expert model passed as a parameter is an input,
-        not something to re-learn, so the clone shares it.
-        """
-        params = {name: value if _is_fitted_estimator(value) else sklearn.base.clone(value, safe=False)
-                  for name, value in self.get_params(deep=False).items()}
-        return type(self)(**params)
+    # scikit-learn's clone would clone (and so un-fit) a nested estimator; a guide policy or an expert model
+    # passed as a parameter is an input, not something to re-learn, so the clone shares it.
+    __sklearn_clone__ = clone_keeping_fitted_params
 
     def _make_spec(self, dataset: Dataset) -> dict[str, Any]:
         if getattr(self, "normalize_observations", False):
@@ -448,7 +440,6 @@ class OfflineAlgorithm(BaseEstimator):
         the same `random_state` (and number of torch threads) repeats a run
         bit for bit.
         """
-        from tqdm.auto import tqdm
 
         from offrl.datasets import load as load_dataset
 
@@ -667,18 +658,6 @@ class OfflineAlgorithm(BaseEstimator):
     def _check_labels(self, dataset: Dataset) -> None:
         """Refuse, naming the column and the labeller that fills it, a dataset missing a label this algorithm needs."""
         dataset.require_labels(*self.required_labels, context=type(self).__name__)
-
-
-def _is_fitted_estimator(value: Any) -> bool:
-    if not hasattr(value, "get_params") or isinstance(value, type):
-        return False
-    from sklearn.utils.validation import check_is_fitted
-
-    try:
-        check_is_fitted(value)
-    except (NotFittedError, TypeError):
-        return False
-    return True
 
 
 def _seed_from(random_state: Any) -> int:

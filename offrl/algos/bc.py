@@ -13,15 +13,15 @@ import torch
 from torch.nn import functional as F
 
 from offrl.algos.base import OfflineAlgorithm, make_adam
+from offrl.algos.losses import mse_bc_loss
 from offrl.datasets.core import Batch
 from offrl.nn import MLP, DeterministicPolicy, TanhGaussianPolicy
 
-
-def mse_bc_loss(predicted: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
-    return ((predicted - actions) ** 2).mean()
+__all__ = ["BC", "nll_bc_loss"]
 
 
 def nll_bc_loss(log_prob: torch.Tensor) -> torch.Tensor:
+    """Negative mean log-likelihood of the logged actions (the Gaussian policy's BC loss)."""
     return -log_prob.mean()
 
 
@@ -45,6 +45,7 @@ class BC(OfflineAlgorithm):
         normalize_observations: bool = True,
         precision: str = "fp32",
         compile: bool | str = False,
+        log_every: int = 100,
         device: str = "auto",
         random_state: Any = None,
     ) -> None:
@@ -56,6 +57,7 @@ class BC(OfflineAlgorithm):
         self.normalize_observations = normalize_observations
         self.precision = precision
         self.compile = compile
+        self.log_every = log_every
         self.device = device
         self.random_state = random_state
 

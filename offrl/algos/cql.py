@@ -26,30 +26,20 @@ policy network runs once per state for all of its samples.
 from __future__ import annotations
 
 import copy
+import inspect
 import math
 from typing import Any, Sequence
 
 import numpy as np
 import torch
-from torch import nn
 from torch.func import functional_call
 
 from offrl.algos.base import OfflineAlgorithm, make_adam
+from offrl.algos.losses import LearnedScale, critic_td_loss, sac_actor_loss, temperature_loss
 from offrl.datasets.core import Batch, Dataset
 from offrl.nn import QEnsemble, TanhGaussianPolicy, soft_update_
 
-__all__ = ["CQL", "CalQL", "cql_penalty", "sac_policy_loss", "temperature_loss", "calql_mc_returns"]
-
-
-class _LogScalar(nn.Module):
-    """A learnable log-multiplier (SAC's log alpha, CQL's log alpha')."""
-
-    def __init__(self, init_value: float) -> None:
-        super().__init__()
-        self.log_value = nn.Parameter(torch.tensor(math.log(init_value), dtype=torch.float32))
-
-    def forward(self) -> torch.Tensor:
-        return self.log_value.exp()
+__all__ = ["CQL", "CalQL", "cql_penalty", "calql_mc_returns"]
 
 
 # ---------------------------------------------------------------------- losses
@@ -65,16 +55,6 @@ def cql_penalty(q_data: torch.Tensor, q_sampled: torch.Tensor, log_density: torc
     if clip_min is not None or clip_max is not None:
         diff = diff.clamp(clip_min, clip_max)
     return diff.mean(dim=1)
-
-
-def sac_policy_loss(log_prob: torch.Tensor, q: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
-    """E [alpha log pi(a|s) - Q(s, a)] with a ~ pi(s) reparameterised."""
-    return (alpha * log_prob - q).mean()
-
-
-def temperature_loss(log_alpha: torch.Tensor, log_prob: torch.Tensor, target_entropy: float) -> torch.Tensor:
-    """SAC's automatic entropy tuning: -E log alpha (log pi + target entropy)."""
-    return -(log_alpha * (log_prob.detach() + target_entropy)).mean()
 
 
 def calql_mc_returns(dataset: Dataset, rewards: np.ndarray, gamma: float, sparse_rewards: bool = False) -> np.ndarray:
@@ -129,6 +109,7 @@ class CQL(OfflineAlgorithm):
         reward_normalization: str | None = None,
         precision: str = "fp32",
         compile: bool | str = False,
+        log_every: int = 100,
         device: str = "auto",
         random_state: Any = None,
     ) -> None:
@@ -161,23 +142,28 @@ class CQL(OfflineAlgorithm):
         self.reward_normalization = reward_normalization
         self.precision = precision
         self.compile = compile
+        self.log_every = log_every
         self.device = device
         self.random_state = random_state
 
     # ------------------------------------------------------------------ networks
     def _build(self, spec: dict[str, Any]) -> None:
+        if not self.init_alpha > 0:
+            raise ValueError(f"init_alpha must be positive (alpha is learned as log alpha), got {self.init_alpha}")
         device = self.device_
         obs_dim, act_dim, hidden = spec["observation_dim"], spec["action_dim"], tuple(self.hidden_dims)
         self.policy_ = TanhGaussianPolicy(obs_dim, act_dim, hidden, spec["action_low"], spec["action_high"]).to(device)
         self.critic_ = QEnsemble(obs_dim, act_dim, n_critics=2, hidden_dims=hidden).to(device)
         self.critic_target_ = copy.deepcopy(self.critic_).requires_grad_(False)
-        self.log_alpha_ = _LogScalar(self.init_alpha).to(device)
+        # temperature_() is SAC's entropy temperature alpha, alpha_prime_() the Lagrange multiplier alpha';
+        # each keeps the log of its value as the parameter (`.log_value`).
+        self.temperature_ = LearnedScale(self.init_alpha).to(device)
         # CORL starts alpha' at e (log alpha' = 1).
-        self.log_alpha_prime_ = _LogScalar(math.e).to(device)
+        self.alpha_prime_ = LearnedScale(math.e).to(device)
         self.actor_optimizer_ = make_adam(self.policy_.parameters(), self.actor_lr, device)
         self.critic_optimizer_ = make_adam(self.critic_.parameters(), self.critic_lr, device)
-        self.alpha_optimizer_ = make_adam(self.log_alpha_.parameters(), self.alpha_lr or self.actor_lr, device)
-        self.alpha_prime_optimizer_ = make_adam(self.log_alpha_prime_.parameters(),
+        self.alpha_optimizer_ = make_adam(self.temperature_.parameters(), self.alpha_lr or self.actor_lr, device)
+        self.alpha_prime_optimizer_ = make_adam(self.alpha_prime_.parameters(),
                                                 self.alpha_prime_lr or self.critic_lr, device)
         self.target_entropy_ = float(-act_dim if self.target_entropy is None else self.target_entropy)
         # log density of the uniform proposal over the action box
@@ -185,9 +171,9 @@ class CQL(OfflineAlgorithm):
         self._critic_param_names = [name for name, _ in self.critic_.named_parameters()]
         self._losses = self._maybe_compile(self._losses_eager)
 
-    # ------------------------------------------------------------------ hooks for Cal-QL
-    def _lower_bound(self, q_policy: torch.Tensor, batch_extras: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Q-values of policy actions as they enter the logsumexp (CQL: unchanged)."""
+    # ------------------------------------------------------------------ hook for Cal-QL
+    def _penalized_policy_q(self, q_policy: torch.Tensor, batch_extras: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Q-values of the policy's actions as they enter the penalty's logsumexp (CQL: unchanged)."""
         return q_policy
 
     # ------------------------------------------------------------------ losses
@@ -199,18 +185,18 @@ class CQL(OfflineAlgorithm):
             mean, log_std = policy.distribution_params(torch.cat([obs, next_obs]))
             new_actions, log_pi = policy.sample_from_params(mean[:batch], log_std[:batch], 1)
             new_actions, log_pi = new_actions[0], log_pi[0]
-            alpha = self.log_alpha_() if self.auto_entropy else torch.full((), self.init_alpha, device=obs.device)
-            alpha_loss = (temperature_loss(self.log_alpha_.log_value, log_pi, self.target_entropy_)
+            alpha = self.temperature_() if self.auto_entropy else torch.full((), self.init_alpha, device=obs.device)
+            alpha_loss = (temperature_loss(self.temperature_.log_value, log_pi, self.target_entropy_)
                           if self.auto_entropy else torch.zeros((), device=obs.device))
 
             # Actor: SAC loss against the critics (their parameters detached: only the actor learns from it),
-            # or behaviour cloning during the first `bc_steps`.
+            # or behaviour cloning during the first `bc_steps` (the same loss with log pi(a_data|s) in place of Q).
             if bc_phase:
-                policy_loss = (alpha.detach() * log_pi - policy.log_prob(obs, actions)).mean()
+                policy_loss = sac_actor_loss(log_pi, policy.log_prob(obs, actions), alpha.detach())
             else:
                 detached = {k: v.detach() for k, v in zip(self._critic_param_names, self.critic_.parameters())}
                 q_new = functional_call(self.critic_, detached, (obs, new_actions)).min(0).values
-                policy_loss = sac_policy_loss(log_pi, q_new, alpha.detach())
+                policy_loss = sac_actor_loss(log_pi, q_new, alpha.detach())
 
             with torch.no_grad():
                 mean_d, log_std_d = mean.detach(), log_std.detach()
@@ -236,9 +222,9 @@ class CQL(OfflineAlgorithm):
             # Critics on the data action and the 3n sampled actions: one ensemble call.
             q_all = self.critic_(obs.expand(1 + 3 * n, -1, -1), sampled)  # (n_critics, 1 + 3n, batch)
             q_data = q_all[:, 0]
-            td_loss = ((q_data - td_target) ** 2).mean(dim=1).sum()
+            td_loss = critic_td_loss(q_data, td_target)
             q_rand = q_all[:, 1:1 + n]
-            q_pi = self._lower_bound(q_all[:, 1 + n:], extras)  # pi(s) then pi(s') actions
+            q_pi = self._penalized_policy_q(q_all[:, 1 + n:], extras)  # pi(s) then pi(s') actions
             if self.importance_sampling:
                 q_sampled = torch.cat([q_rand - self.uniform_log_density_,
                                        q_pi[:, :n] - both_logp[:, :batch], q_pi[:, n:] - both_logp[:, batch:]], dim=1)
@@ -247,7 +233,7 @@ class CQL(OfflineAlgorithm):
             gap = cql_penalty(q_data, q_sampled, 0.0, self.cql_temperature,
                               self.cql_clip_diff_min, self.cql_clip_diff_max)  # (n_critics,)
             if self.lagrange:
-                alpha_prime = self.log_alpha_prime_().clamp(0.0, 1e6)
+                alpha_prime = self.alpha_prime_().clamp(0.0, 1e6)
                 cql_loss = (alpha_prime.detach() * self.cql_alpha * (gap - self.target_action_gap)).sum()
                 alpha_prime_loss = -0.5 * (alpha_prime * self.cql_alpha * (gap.detach() - self.target_action_gap)).sum()
             else:
@@ -292,80 +278,34 @@ class CalQL(CQL):
 
     `sparse_rewards=True` treats episodes ending on the dataset's lowest
     reward as failures worth r_min / (1 - gamma) at every step (AntMaze).
+    Every other parameter is CQL's, with CQL's defaults.
     """
 
-    def __init__(
-        self,
-        *,
-        sparse_rewards: bool = False,
-        cql_alpha: float = 5.0,
-        n_action_samples: int = 10,
-        cql_temperature: float = 1.0,
-        importance_sampling: bool = True,
-        lagrange: bool = False,
-        target_action_gap: float = 0.8,
-        cql_clip_diff_min: float | None = None,
-        cql_clip_diff_max: float | None = None,
-        hidden_dims: Sequence[int] = (256, 256, 256),
-        actor_lr: float = 1e-4,
-        critic_lr: float = 3e-4,
-        alpha_lr: float | None = None,
-        alpha_prime_lr: float | None = None,
-        batch_size: int = 256,
-        gamma: float = 0.99,
-        tau: float = 0.005,
-        auto_entropy: bool = True,
-        init_alpha: float = 1.0,
-        target_entropy: float | None = None,
-        backup_entropy: bool = False,
-        max_target_backup: bool = False,
-        bc_steps: int = 0,
-        n_steps: int = 1_000_000,
-        normalize_observations: bool = True,
-        reward_scale: float = 1.0,
-        reward_bias: float = 0.0,
-        reward_normalization: str | None = None,
-        precision: str = "fp32",
-        compile: bool | str = False,
-        device: str = "auto",
-        random_state: Any = None,
-    ) -> None:
+    def __init__(self, *, sparse_rewards: bool = False, **cql_params: Any) -> None:
+        super().__init__(**cql_params)
         self.sparse_rewards = sparse_rewards
-        self.cql_alpha = cql_alpha
-        self.n_action_samples = n_action_samples
-        self.cql_temperature = cql_temperature
-        self.importance_sampling = importance_sampling
-        self.lagrange = lagrange
-        self.target_action_gap = target_action_gap
-        self.cql_clip_diff_min = cql_clip_diff_min
-        self.cql_clip_diff_max = cql_clip_diff_max
-        self.hidden_dims = hidden_dims
-        self.actor_lr = actor_lr
-        self.critic_lr = critic_lr
-        self.alpha_lr = alpha_lr
-        self.alpha_prime_lr = alpha_prime_lr
-        self.batch_size = batch_size
-        self.gamma = gamma
-        self.tau = tau
-        self.auto_entropy = auto_entropy
-        self.init_alpha = init_alpha
-        self.target_entropy = target_entropy
-        self.backup_entropy = backup_entropy
-        self.max_target_backup = max_target_backup
-        self.bc_steps = bc_steps
-        self.n_steps = n_steps
-        self.normalize_observations = normalize_observations
-        self.reward_scale = reward_scale
-        self.reward_bias = reward_bias
-        self.reward_normalization = reward_normalization
-        self.precision = precision
-        self.compile = compile
-        self.device = device
-        self.random_state = random_state
 
     def _extra_columns(self, dataset: Dataset) -> dict[str, np.ndarray]:
         rewards = self._transform_rewards(dataset)
         return {"mc_returns": calql_mc_returns(dataset, rewards, self.gamma, self.sparse_rewards)}
 
-    def _lower_bound(self, q_policy: torch.Tensor, batch_extras: dict[str, torch.Tensor]) -> torch.Tensor:
+    def _penalized_policy_q(self, q_policy: torch.Tensor, batch_extras: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The policy's Q-values clipped from below by the Monte-Carlo return-to-go."""
         return torch.maximum(q_policy, batch_extras["mc_returns"].to(q_policy.dtype))
+
+
+def _merged_signature(own: Any, base: Any) -> inspect.Signature:
+    """`own`'s keyword parameters followed by `base`'s, without `own`'s **kwargs.
+
+    CalQL's `__init__` forwards CQL's parameters as **kwargs; giving it the
+    merged signature lets scikit-learn's get_params / set_params / clone /
+    repr (which read the constructor's signature), `offrl.load` and help()
+    see every parameter, so the two constructors never repeat each other.
+    """
+    own_params = [p for p in inspect.signature(own).parameters.values() if p.kind != p.VAR_KEYWORD]
+    names = {p.name for p in own_params}
+    extra = [p for p in inspect.signature(base).parameters.values() if p.name != "self" and p.name not in names]
+    return inspect.Signature(own_params + extra)
+
+
+CalQL.__init__.__signature__ = _merged_signature(CalQL.__init__, CQL.__init__)  # type: ignore[attr-defined]

@@ -22,10 +22,11 @@ from typing import Any, Sequence
 import torch
 
 from offrl.algos.base import OfflineAlgorithm, make_adam
+from offrl.algos.losses import critic_td_loss
 from offrl.datasets.core import Batch
 from offrl.nn import GaussianPolicy, QEnsemble, ValueNetwork, soft_update_
 
-__all__ = ["IQL", "expectile_loss", "awr_actor_loss", "iql_critic_loss"]
+__all__ = ["IQL", "expectile_loss", "awr_actor_loss"]
 
 
 def expectile_loss(diff: torch.Tensor, expectile: float) -> torch.Tensor:
@@ -39,11 +40,6 @@ def awr_actor_loss(advantage: torch.Tensor, log_prob: torch.Tensor, beta: float,
     """Advantage-weighted regression: -E min(exp(beta A), max_weight) log pi(a|s), weights not differentiated."""
     weight = torch.exp(beta * advantage.detach()).clamp(max=max_weight)
     return -(weight * log_prob).mean()
-
-
-def iql_critic_loss(q: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """sum_i E (target - Q_i)^2 with q of shape (n_critics, batch)."""
-    return ((q - target) ** 2).mean(dim=1).sum()
 
 
 class IQL(OfflineAlgorithm):
@@ -71,6 +67,7 @@ class IQL(OfflineAlgorithm):
         reward_bias: float = 0.0,
         precision: str = "fp32",
         compile: bool | str = False,
+        log_every: int = 100,
         device: str = "auto",
         random_state: Any = None,
     ) -> None:
@@ -93,6 +90,7 @@ class IQL(OfflineAlgorithm):
         self.reward_bias = reward_bias
         self.precision = precision
         self.compile = compile
+        self.log_every = log_every
         self.device = device
         self.random_state = random_state
 
@@ -129,7 +127,7 @@ class IQL(OfflineAlgorithm):
             actor_loss = awr_actor_loss(target_q - v, self.policy_.log_prob(obs, actions), self.temperature,
                                         self.max_weight)
             q = self.critic_(obs, actions)
-            critic_loss = iql_critic_loss(q, rewards + self.gamma * (1.0 - terminals) * next_v)
+            critic_loss = critic_td_loss(q, rewards + self.gamma * (1.0 - terminals) * next_v)
         return actor_loss, critic_loss, v.mean()
 
     # ------------------------------------------------------------------ one step
@@ -147,8 +145,10 @@ class IQL(OfflineAlgorithm):
         self.critic_optimizer_.zero_grad(set_to_none=True)
         (actor_loss + critic_loss).backward()
         if self.actor_lr_schedule == "cosine":
-            progress = min(step, self.lr_schedule_steps_) / self.lr_schedule_steps_
-            self.actor_optimizer_.param_groups[0]["lr"] = self.actor_lr * 0.5 * (1.0 + math.cos(math.pi * progress))
+            # The cosine decay spans the offline run; steps past it (online fine-tuning with `fit_online`) use the
+            # constant actor learning rate, as IQL's fine-tuning configs do (a decayed-to-zero actor cannot improve).
+            lr = self.actor_lr * 0.5 * (1.0 + math.cos(math.pi * step / self.lr_schedule_steps_))
+            self.actor_optimizer_.param_groups[0]["lr"] = lr if step < self.lr_schedule_steps_ else self.actor_lr
         self.actor_optimizer_.step()
         self.critic_optimizer_.step()
         soft_update_(self.critic_target_, self.critic_, self.tau)

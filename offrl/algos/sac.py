@@ -13,50 +13,21 @@ behaviour log-densities a dataset records.
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import math
 import os
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 import torch
-from torch import nn
 
 from offrl.algos.base import BaseEstimator, _seed_from, make_adam
-from offrl.datasets.core import Batch, atomic_write_path
+from offrl.algos.losses import LearnedScale, critic_td_loss, sac_actor_loss, temperature_loss
+from offrl.datasets.core import Batch
 from offrl.nn import QEnsemble, TanhGaussianPolicy, soft_update_
 from offrl.online.loop import episode_seed
 
-__all__ = ["SAC", "sac_critic_loss", "sac_actor_loss", "sac_temperature_loss", "episode_seed"]
-
-
-# ---------------------------------------------------------------------- losses
-def sac_critic_loss(q: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Sum over critics of the mean squared TD error; q is (n_critics, batch)."""
-    return ((q - target) ** 2).mean(dim=1).sum()
-
-
-def sac_actor_loss(log_prob: torch.Tensor, q_new: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
-    """E[alpha * log pi(a|s) - min_i Q_i(s, a)], a ~ pi(s) reparameterised."""
-    return (alpha * log_prob - q_new).mean()
-
-
-def sac_temperature_loss(log_alpha: torch.Tensor, log_prob: torch.Tensor, target_entropy: float) -> torch.Tensor:
-    """-E[log alpha * (log pi(a|s) + target entropy)] (log alpha parameterisation)."""
-    return -(log_alpha * (log_prob.detach() + target_entropy)).mean()
-
-
-class Temperature(nn.Module):
-    """Holds SAC's log alpha as a parameter (a module, so model files keep it)."""
-
-    def __init__(self, init_alpha: float = 1.0) -> None:
-        super().__init__()
-        self.log_alpha = nn.Parameter(torch.tensor(math.log(init_alpha), dtype=torch.float32))
-
-    def forward(self) -> torch.Tensor:
-        return self.log_alpha.exp()
+__all__ = ["SAC", "episode_seed"]
 
 
 def _adam_kernel(device: torch.device) -> str:
@@ -142,7 +113,7 @@ class SAC(BaseEstimator):
         self.policy_ = TanhGaussianPolicy(obs_dim, act_dim, hidden, spec["action_low"], spec["action_high"]).to(device)
         self.critic_ = QEnsemble(obs_dim, act_dim, n_critics=2, hidden_dims=hidden).to(device)
         self.critic_target_ = copy.deepcopy(self.critic_).requires_grad_(False)
-        self.temperature_ = Temperature(self.init_alpha).to(device)
+        self.temperature_ = LearnedScale(self.init_alpha).to(device)  # log alpha, called: alpha
         self.actor_optimizer_ = make_adam(self.policy_.parameters(), self.actor_lr or self.lr, device, kernel=_adam_kernel(device))
         self.critic_optimizer_ = make_adam(self.critic_.parameters(), self.critic_lr or self.lr, device, kernel=_adam_kernel(device))
         self.alpha_optimizer_ = make_adam(self.temperature_.parameters(), self.alpha_lr or self.lr, device, kernel=_adam_kernel(device))
@@ -151,7 +122,7 @@ class SAC(BaseEstimator):
 
     @property
     def log_alpha_(self) -> torch.Tensor:
-        return self.temperature_.log_alpha
+        return self.temperature_.log_value
 
     @staticmethod
     def spec_from_env(env: Any) -> dict[str, Any]:
@@ -244,14 +215,14 @@ class SAC(BaseEstimator):
         Returns detached scalar tensors (no host synchronisation).
         """
         obs, actions, next_obs = batch.observations, batch.actions, batch.next_observations
-        alpha = self.temperature_.log_alpha.detach().exp()
+        alpha = self.temperature_.log_value.detach().exp()
         with torch.no_grad(), self._autocast():
             next_actions, next_log_prob = self.policy_(next_obs)
             q_next = self.critic_target_(next_obs, next_actions).min(0).values - alpha * next_log_prob
             target = batch.rewards + self.gamma * (1.0 - batch.terminals) * q_next
         with self._autocast():
             q = self.critic_(obs, actions)
-        critic_loss = sac_critic_loss(q.float(), target.float())
+        critic_loss = critic_td_loss(q.float(), target.float())
         self.critic_optimizer_.zero_grad(set_to_none=True)
         critic_loss.backward()
         self.critic_optimizer_.step()
@@ -268,7 +239,7 @@ class SAC(BaseEstimator):
         for p in self._critic_params:
             p.requires_grad_(True)
 
-        alpha_loss = sac_temperature_loss(self.temperature_.log_alpha, log_prob, self.target_entropy_)
+        alpha_loss = temperature_loss(self.temperature_.log_value, log_prob, self.target_entropy_)
         self.alpha_optimizer_.zero_grad(set_to_none=True)
         alpha_loss.backward()
         self.alpha_optimizer_.step()

@@ -19,22 +19,18 @@ from typing import Any, Sequence
 import torch
 
 from offrl.algos.base import OfflineAlgorithm, make_adam
+from offrl.algos.losses import critic_td_loss, mse_bc_loss
 from offrl.datasets.core import Batch
 from offrl.nn import DeterministicPolicy, QEnsemble, soft_update_
 
-__all__ = ["TD3PlusBC", "td3_critic_loss", "td3_bc_actor_loss"]
-
-
-def td3_critic_loss(q: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Sum over the critics of the mean squared TD error; q is (n_critics, batch)."""
-    return ((q - target) ** 2).mean(dim=1).sum()
+__all__ = ["TD3PlusBC", "td3_bc_actor_loss"]
 
 
 def td3_bc_actor_loss(q: torch.Tensor, policy_actions: torch.Tensor, data_actions: torch.Tensor,
                       alpha: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(-lambda * mean Q + mean (pi(s) - a)^2, lambda) with lambda = alpha / mean |Q| (not differentiated)."""
     lmbda = alpha / q.abs().mean().detach()
-    return -lmbda * q.mean() + ((policy_actions - data_actions) ** 2).mean(), lmbda
+    return -lmbda * q.mean() + mse_bc_loss(policy_actions, data_actions), lmbda
 
 
 class TD3PlusBC(OfflineAlgorithm):
@@ -60,6 +56,7 @@ class TD3PlusBC(OfflineAlgorithm):
         reward_normalization: str | None = None,
         precision: str = "fp32",
         compile: bool | str = False,
+        log_every: int = 100,
         device: str = "auto",
         random_state: Any = None,
     ) -> None:
@@ -80,6 +77,7 @@ class TD3PlusBC(OfflineAlgorithm):
         self.reward_normalization = reward_normalization
         self.precision = precision
         self.compile = compile
+        self.log_every = log_every
         self.device = device
         self.random_state = random_state
 
@@ -109,7 +107,7 @@ class TD3PlusBC(OfflineAlgorithm):
                 target_q = self.critic_target_(next_obs, next_actions).min(0).values
                 target = rewards + self.gamma * (1.0 - terminals) * target_q
             q = self.critic_(obs, actions)
-            loss = td3_critic_loss(q, target)
+            loss = critic_td_loss(q, target)
         return loss, q[0].mean().detach()
 
     def _actor_loss_eager(self, obs, actions):

@@ -347,13 +347,16 @@ class BehaviorPolicy(sklearn.base.BaseEstimator):
             model = sklearn.base.clone(base)
             model.fit(obs, actions[:, 0].astype(np.int64))
             return model
+        from offrl.algos.base import make_adam
+
         seed = int(np.random.default_rng(self.random_state).integers(2**31 - 1))
         torch.manual_seed(seed)
         gen = torch.Generator().manual_seed(seed)
         o_mean, o_std = obs.mean(0), np.maximum(obs.std(0), 1e-3)
         a_mean, a_std = actions.mean(0), np.maximum(actions.std(0), 1e-3)
         net = _MixtureDensity(obs.shape[1], actions.shape[1], int(self.n_components), self.hidden_dims)
-        opt = torch.optim.Adam(net.parameters(), lr=self.lr)
+        # foreach: bit-identical on the CPU to torch's default (single-tensor) Adam, which this fit used.
+        opt = make_adam(net.parameters(), self.lr, torch.device("cpu"), kernel="foreach")
         o = torch.as_tensor((obs - o_mean) / o_std, dtype=torch.float32)
         a = torch.as_tensor((actions - a_mean) / a_std, dtype=torch.float32)
         for _ in range(int(self.n_steps)):

@@ -39,7 +39,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from offrl.algos.base import OfflineAlgorithm
+from offrl.algos.base import OfflineAlgorithm, make_adam
 from offrl.datasets.core import Batch, Dataset
 from offrl.nn import EnsembleMLP, QEnsemble, soft_update_
 from offrl.ope.behavior import TargetPolicy, as_target_policy
@@ -57,13 +57,6 @@ def fqe_loss(q: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None 
         return err.mean()
     weight = weight.expand_as(err)
     return ((err * weight).sum(-1) / weight.sum(-1).clamp_min(1.0)).mean()
-
-
-def _adam(params: Any, lr: float, device: torch.device) -> torch.optim.Optimizer:
-    try:
-        return torch.optim.Adam(params, lr=lr, fused=True)
-    except (RuntimeError, TypeError, ValueError):
-        return torch.optim.Adam(params, lr=lr, foreach=True)
 
 
 class FQE(OfflineAlgorithm):
@@ -98,6 +91,7 @@ class FQE(OfflineAlgorithm):
         alpha: float = 0.05,
         n_bootstrap: int = 2000,
         reward_bound: tuple[float, float] | None = None,
+        log_every: int = 100,
         device: str = "auto",
         random_state: Any = None,
     ) -> None:
@@ -119,6 +113,7 @@ class FQE(OfflineAlgorithm):
         self.alpha = alpha
         self.n_bootstrap = n_bootstrap
         self.reward_bound = reward_bound
+        self.log_every = log_every
         self.device = device
         self.random_state = random_state
 
@@ -208,7 +203,7 @@ class FQE(OfflineAlgorithm):
                                      layer_norm=self.layer_norm)
         self.critic_.to(device)
         self.critic_target_ = copy.deepcopy(self.critic_).requires_grad_(False)
-        self.optimizer_ = _adam(self.critic_.parameters(), self.lr, device)
+        self.optimizer_ = make_adam(self.critic_.parameters(), self.lr, device, kernel="fused")
         low = torch.as_tensor(spec["action_low"] or [-1.0] * spec["action_dim"], dtype=torch.float32, device=device)
         high = torch.as_tensor(spec["action_high"] or [1.0] * spec["action_dim"], dtype=torch.float32, device=device)
         self._act_mid, self._act_half = (high + low) / 2, ((high - low) / 2).clamp_min(1e-6)

@@ -92,6 +92,8 @@ class ModelBased(sklearn.base.BaseEstimator):
 
     def fit(self, dataset: Dataset) -> "ModelBased":
         """Train the model ensemble on every logged transition (independent of the target policy)."""
+        from offrl.algos.base import make_adam
+
         if not isinstance(dataset, Dataset):
             raise TypeError(f"dataset must be an offrl Dataset, got {type(dataset).__name__}")
         device = self._device()
@@ -115,7 +117,8 @@ class ModelBased(sklearn.base.BaseEstimator):
         out_dim = 2 * (self.obs_dim_ + 1) + 1
         self.model_ = EnsembleMLP(int(self.n_models), self.obs_dim_ + act_dim, out_dim, self.hidden_dims,
                                   activation="silu").to(device)
-        opt = torch.optim.Adam(self.model_.parameters(), lr=self.lr, weight_decay=1e-5)
+        # foreach: the kernel torch picks by default on CUDA, and bit-identical to its CPU default here.
+        opt = make_adam(self.model_.parameters(), self.lr, device, kernel="foreach", weight_decay=1e-5)
         x_obs = torch.as_tensor((obs - self.obs_mean_) / self.obs_std_, device=device)
         x_act = self._action_input(torch.as_tensor(dataset.actions, device=device))
         y = torch.as_tensor((targets - self.y_mean_) / self.y_std_, dtype=torch.float32, device=device)
