@@ -64,12 +64,12 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     import offrl
     from offrl.algos import BC
+    from offrl.builder import build as build_datasets
     from offrl.datasets import load
-    from offrl.datasets.build import run_build
     from offrl.ope import benchmark
 
     start = time.perf_counter()
-    build = run_build(args.dataset, progress=False)
+    build = build_datasets(args.dataset, progress=False)
     dataset = load(f"offrl:{args.dataset}")
     run_dir = Path(build.run_dir)
     print(f"dataset {dataset} (built in {run_dir})", flush=True)

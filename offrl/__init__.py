@@ -10,7 +10,7 @@ from offrl.datasets.core import Dataset
 __version__ = "0.1.0"
 __all__ = ["Dataset", "load", "save", "Pipeline", "make_pipeline", "algos", "datasets", "__version__"]
 
-_SUBMODULES = ("algos", "datasets", "nn", "ope", "reward_labeling", "online", "pipeline")
+_SUBMODULES = ("algos", "datasets", "nn", "ope", "reward_labeling", "online", "pipeline", "builder", "monitor", "evaluation")
 # Public names imported on first use, so that `import offrl` stays light.
 _LAZY = {"Pipeline": "offrl.pipeline", "make_pipeline": "offrl.pipeline"}
 

@@ -79,26 +79,26 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _datasets_build(args: argparse.Namespace) -> int:
-    from offrl.datasets.build import run_build
+    from offrl.builder import build
 
     sac_params = {}
     if args.learning_starts is not None:
         sac_params["learning_starts"] = args.learning_starts
-    report = run_build(args.name, n_transitions=args.transitions, seed=args.seed, sac_steps=args.sac_steps,
-                       eval_every=args.eval_every, sac_params=sac_params or None, env_id=args.env_id,
-                       data_dir=args.data_dir, device=args.device, force=args.force, progress=not args.no_progress,
-                       threads=args.threads or None, expert=args.expert)
+    report = build(args.name, n_transitions=args.transitions, seed=args.seed, sac_steps=args.sac_steps,
+                   eval_every=args.eval_every, sac_params=sac_params or None, env_id=args.env_id,
+                   data_dir=args.data_dir, device=args.device, force=args.force, progress=not args.no_progress,
+                   threads=args.threads or None, expert=args.expert)
     print()
     print(report.format())
     return 0
 
 
 def _datasets_list(args: argparse.Namespace) -> int:
-    from offrl.datasets import offrl_data_dir
-    from offrl.datasets.build import KINDS, known_datasets, list_built
+    from offrl.datasets.built import DATASET_VERSION, KINDS, known_datasets, list_built, offrl_data_dir
 
     root = args.data_dir or offrl_data_dir()
-    built = list_built(args.data_dir)
+    everything = list_built(args.data_dir, all_versions=True)
+    built = [row for row in everything if row.get("config", {}).get("version") == DATASET_VERSION]
     print(f"built under {root}:")
     if not built:
         print("  (none yet; build one with `offrl datasets build pendulum-medium-v1`)")
@@ -108,6 +108,9 @@ def _datasets_list(args: argparse.Namespace) -> int:
         print(f"  {row['name']:<32} seed {config.get('seed', '?')}, SAC {config.get('sac_steps', 0):,} steps{expert}  "
               f"{row['n_transitions']:>10,} transitions {row['n_episodes']:>7,} episodes  "
               f"return {row['return_mean']:9.2f}  normalised {row['normalized_score_mean']:6.1f}  {row['dataset_id']}")
+    if len(everything) > len(built):
+        print(f"  ({len(everything) - len(built)} more of an older builder recipe, which `offrl:` loads ignore; "
+              f"rebuild them with `offrl datasets build`)")
     print(f"\nknown (offrl datasets build <env>-<kind>-v<N>; kinds: {', '.join(KINDS)}, or '*' for all):")
     for row in known_datasets():
         print(f"  {row['name']:<40} {row['env_id']:<26} default SAC {row['sac_steps']:>9,} steps, "

@@ -61,7 +61,8 @@ def run_quickstart(
 
     import offrl
     from offrl import ope
-    from offrl.datasets.build import load_built, run_build
+    from offrl.builder import build
+    from offrl.datasets import load_built
     from offrl.evaluation import make_env
     from offrl.report import write_report
     from offrl.sweep import expand_runs, parse_config, pending_runs, run_sweep
@@ -71,7 +72,7 @@ def run_quickstart(
     out.mkdir(parents=True, exist_ok=True)
 
     print("[1/3] building the pendulum datasets (cached after the first time) ...", flush=True)
-    run_build(DATASET.replace("medium-replay", "*"), progress=progress)
+    build(DATASET.replace("medium-replay", "*"), progress=progress, rebuild_stale=True)  # a stale cache is rebuilt
     dataset = load_built(DATASET)
     print(f"      {dataset!r} ({time.time() - started:.0f} s)", flush=True)
 

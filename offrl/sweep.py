@@ -236,7 +236,7 @@ def _parse_datasets(value: Any, fail: Any, check: bool) -> list[dict[str, Any]]:
         if options:
             entry["build_options"] = options
         if check:
-            problem = dataset_problem(entry["spec"], build=entry["build"])
+            problem = dataset_problem(entry["spec"], build=entry["build"], options=options)
             if problem:
                 raise fail(key, problem)
         out.append(entry)
@@ -246,8 +246,12 @@ def _parse_datasets(value: Any, fail: Any, check: bool) -> list[dict[str, Any]]:
     return out
 
 
-def dataset_problem(spec: str, build: bool = True) -> str | None:
-    """Why `spec` cannot be loaded, or None if it can (without loading it)."""
+def dataset_problem(spec: str, build: bool = True, options: Mapping[str, Any] | None = None) -> str | None:
+    """Why `spec` cannot be loaded, or None if it can (without loading it).
+
+    An `offrl:` dataset is fine when `build` is set (it is built on first
+    use) or when it is built with the budget `options`.
+    """
     from offrl.datasets import d4rl
 
     scheme, sep, rest = spec.partition(":")
@@ -268,14 +272,14 @@ def dataset_problem(spec: str, build: bool = True) -> str | None:
             return f"Minari dataset {rest!r} not found under {path}; run `minari download {rest}` or set MINARI_DATASETS_PATH"
         return None
     if sep and scheme == "offrl":
-        from offrl.datasets import build as builder
+        from offrl.datasets.built import built_record, parse_name
 
         try:
-            builder.parse_name(rest)
-        except ValueError as err:
+            parse_name(rest)
+            if build or built_record(rest, **(options or {})) is not None:
+                return None
+        except (ValueError, TypeError) as err:
             return str(err)
-        if build or any(row.get("name") == rest for row in builder.list_built()):
-            return None
         return f"offrl dataset {rest!r} is not built; run `offrl datasets build {rest}` or set build: true"
     path = Path(spec).expanduser()
     if path.suffix not in (".hdf5", ".h5", ".npz"):
@@ -440,9 +444,28 @@ def _load_dataset(entry: Mapping[str, Any]) -> Any:
     options = dict(entry.get("build_options") or {})
     key = json.dumps([spec, options], sort_keys=True)
     if key not in _DATASET_CACHE:
-        kwargs = {"build": True, **options} if spec.startswith("offrl:") and entry.get("build", True) else options
-        _DATASET_CACHE[key] = load(spec, **kwargs)
+        if spec.startswith("offrl:") and entry.get("build", True):
+            from offrl.builder import load_or_build
+
+            _DATASET_CACHE[key] = load_or_build(spec.split(":", 1)[1], **options)
+        else:
+            _DATASET_CACHE[key] = load(spec, **options)
     return _DATASET_CACHE[key]
+
+
+def _make_algorithm(run: Mapping[str, Any]) -> Any:
+    """The run's estimator, with the sweep's `log_every` unless its params set one."""
+    import inspect
+
+    cls = _algorithm_class(run["algorithm"])
+    kwargs = {**run["params"], "random_state": run["seed"], "device": run["device"]}
+    log_every = int(run.get("log_every", 100))
+    if "log_every" in inspect.signature(cls.__init__).parameters:
+        kwargs.setdefault("log_every", log_every)
+        return cls(**kwargs)
+    algo = cls(**kwargs)
+    algo.log_every = log_every  # a class that does not take log_every yet: the fit loop reads the attribute
+    return algo
 
 
 def _eval_env(entry: Mapping[str, Any], eval_cfg: Mapping[str, Any], dataset: Any) -> str | None:
@@ -470,9 +493,7 @@ def execute_run(run: Mapping[str, Any]) -> dict[str, Any]:
             "variant": run["variant"], "params": run["params"], "seed": run["seed"], "steps": run["steps"], "dir": str(run_dir)}
     try:
         dataset = _load_dataset(run["dataset"])
-        cls = _algorithm_class(run["algorithm"])
-        algo = cls(**run["params"], random_state=run["seed"], device=run["device"])
-        algo.log_every = int(run.get("log_every", 100))
+        algo = _make_algorithm(run)
         env = _eval_env(run["dataset"], run["eval"], dataset)
         algo.fit(
             dataset,

@@ -1,4 +1,4 @@
-"""offrl.datasets.build on the real Pendulum-v1 (and InvertedPendulum-v5) with tiny budgets.
+"""offrl.builder on the real Pendulum-v1 (and InvertedPendulum-v5) with tiny budgets.
 
 One tiny build of all five kinds is shared by the module; each test reads
 the real Minari files it wrote under a temporary $OFFRL_DATA_DIR.
@@ -12,8 +12,10 @@ import pytest
 import torch
 
 import offrl
-from offrl.datasets import build as build_mod
-from offrl.datasets.build import KINDS, list_built, load_built, parse_name, run_build
+import offrl.builder as builder_mod
+from offrl.algos.sac import SAC
+from offrl.builder import UNKEYED_SAC_PARAMS, build, load_or_build
+from offrl.datasets.built import DATASET_VERSION, KINDS, list_built, load_built, parse_name
 
 # Small enough to build in seconds, big enough that SAC's final policy clearly beats the random one.
 TINY = dict(
@@ -41,7 +43,7 @@ def built(tmp_path_factory):
     data_dir = tmp_path_factory.mktemp("offrl_data")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("OFFRL_DATA_DIR", str(data_dir))
-        report = run_build("pendulum-*-v1", progress=False, **TINY)
+        report = build("pendulum-*-v1", progress=False, **TINY)
         datasets = {kind: load_built(f"pendulum-{kind}-v1", **LOAD) for kind in KINDS}
         yield {"dir": data_dir, "report": report, "datasets": datasets}
 
@@ -128,16 +130,18 @@ def test_load_scheme_and_cache(built, monkeypatch):
     ds = offrl.datasets.load("offrl:pendulum-medium-v1", **LOAD)
     assert np.array_equal(ds.actions, built["datasets"]["medium"].actions)
     assert ds.metadata["name"] == "pendulum-medium-v1"
-    again = run_build("pendulum-expert-v1", progress=False, **TINY)  # cached: nothing is rebuilt
+    again = build("pendulum-expert-v1", progress=False, **TINY)  # cached: nothing is rebuilt
     assert again.built == [] and again.ref_max_score == built["report"].ref_max_score
-    from offrl.datasets import build  # the module is also the function
-
-    expert = build("pendulum-expert-v1", progress=False, **TINY)
+    expert = load_or_build("pendulum-expert-v1", progress=False, **TINY)
     assert np.array_equal(expert.observations, built["datasets"]["expert"].observations)
-    both = build("pendulum-*-v1", progress=False, **TINY)
+    both = load_or_build("pendulum-*-v1", progress=False, **TINY)
     assert set(both) == set(KINDS) and both["medium-replay"].n_transitions == built["report"].medium_step
-    with pytest.raises(FileNotFoundError, match="offrl datasets build pendulum-medium-v1 --seed 7"):
+    # The CLI cannot set TINY's hidden_dims: the message names the Python call.
+    with pytest.raises(FileNotFoundError, match=r"has not been built .* offrl\.builder\.load_or_build\("
+                                                r"'pendulum-medium-v1', seed=7, sac_steps=4000"):
         offrl.datasets.load("offrl:pendulum-medium-v1", seed=7, **LOAD)
+    with pytest.raises(FileNotFoundError, match="`offrl datasets build pendulum-medium-v1 --seed 7 --sac-steps 8000`"):
+        offrl.datasets.load("offrl:pendulum-medium-v1", seed=7, sac_steps=8000)
 
 
 def test_best_snapshot_expert_reuses_the_sac_run(built, monkeypatch):
@@ -148,7 +152,7 @@ def test_best_snapshot_expert_reuses_the_sac_run(built, monkeypatch):
     final = built["report"]
     checkpoint = Path(final.run_dir) / "sac_checkpoint.pt"
     trained_at = checkpoint.stat().st_mtime_ns
-    best = run_build("pendulum-*-v1", progress=False, expert="best", **TINY)
+    best = build("pendulum-*-v1", progress=False, expert="best", **TINY)
     assert checkpoint.stat().st_mtime_ns == trained_at and best.timings["SAC training"] < 0.5  # same SAC run
     snapshots = [json.loads(p.read_text()) for p in (Path(final.run_dir) / "snapshots").glob("step_*.json")]
     learned = [r for r in snapshots if r["step"] > TINY["sac_params"]["learning_starts"]]
@@ -167,7 +171,7 @@ def test_best_snapshot_expert_reuses_the_sac_run(built, monkeypatch):
     again = load_built("pendulum-expert-v1", **LOAD)
     assert np.array_equal(again.actions, built["datasets"]["expert"].actions)
     with pytest.raises(ValueError, match="expert must be one of"):
-        run_build("pendulum-medium-v1", progress=False, expert="peak", **TINY)
+        build("pendulum-medium-v1", progress=False, expert="peak", **TINY)
 
 
 def test_sweep_config_can_name_a_build_budget(built, monkeypatch, tmp_path):
@@ -180,6 +184,126 @@ def test_sweep_config_can_name_a_build_budget(built, monkeypatch, tmp_path):
     assert entry["build"] is True and entry["build_options"] == LOAD
     ds = _load_dataset(entry)  # already built with this budget: loaded, not rebuilt
     assert np.array_equal(ds.actions, built["datasets"]["medium-replay"].actions)
+
+
+def test_medium_replay_comes_from_the_replay_buffer_the_builder_wrote(built, tmp_path, monkeypatch):
+    """Not from SAC's checkpoint: with the checkpoint gone, medium-replay is rebuilt to the same data."""
+    import shutil
+    from pathlib import Path
+
+    import offrl.datasets.built as built_mod
+
+    root = tmp_path / "copy"
+    shutil.copytree(built["dir"], root)
+    monkeypatch.setenv("OFFRL_DATA_DIR", str(root))
+    run_dir = Path(built["report"].run_dir.replace(str(built["dir"]), str(root)))
+    buffer = torch.load(run_dir / "replay_buffer.pt", map_location="cpu", weights_only=True)
+    assert buffer["size"] == TINY["sac_steps"]
+    (run_dir / "sac_checkpoint.pt").unlink()
+    replay_id = built["report"].datasets["medium-replay"]["dataset_id"]
+    shutil.rmtree(built_mod.dataset_path(root, replay_id))
+    report = build("pendulum-medium-replay-v1", progress=False, **TINY)
+    assert report.built == ["medium-replay"] and report.timings["SAC training"] < 0.5
+    rebuilt, reference = load_built("pendulum-medium-replay-v1", **LOAD), built["datasets"]["medium-replay"]
+    for column in ("observations", "actions", "rewards", "terminals", "timeouts", "behavior_log_probs"):
+        assert np.array_equal(getattr(rebuilt, column), getattr(reference, column)), column
+    assert rebuilt.metadata["cut_episodes"] == reference.metadata["cut_episodes"]
+
+
+def _config(**kwargs):
+    return builder_mod._make_config("pendulum-medium-v1", **{
+        "n_transitions": None, "seed": 0, "sac_steps": None, "eval_every": None, "eval_episodes": 10,
+        "ref_episodes": 100, "sac_params": None, "n_envs": 32, "checkpoint_every": None, "device": "cpu",
+        "expert": "final", "env_id": None, **kwargs})
+
+
+def test_the_cache_key_holds_every_sac_parameter():
+    sac = SAC().get_params()
+    cfg = _config()
+    key = cfg.data_config()
+    assert set(UNKEYED_SAC_PARAMS) <= set(sac)
+    assert set(key["sac_params"]) == set(sac) - set(UNKEYED_SAC_PARAMS)
+    assert key["sac_params"] == {k: (list(v) if isinstance(v, tuple) else v) for k, v in sac.items()
+                                 if k not in UNKEYED_SAC_PARAMS and k != "buffer_size"} | {"buffer_size": 15_000}
+    # The unkeyed ones are in the key another way (sac_steps, seed), or do not change the run.
+    assert key["sac_steps"] == 15_000 and key["seed"] == 0 and key["version"] == DATASET_VERSION
+    assert cfg.request.run_variant == "seed0" and cfg.namespace() == "offrl/pendulum-v1/seed0"
+    assert cfg.dataset_id("medium") == f"offrl/pendulum-v1/seed0/medium-v{DATASET_VERSION}"
+
+
+def _another(name, value):
+    """A valid SAC setting different from `value`."""
+    if name == "precision":
+        return "bf16" if value == "fp32" else "fp32"
+    if name == "hidden_dims":
+        return (64, 64)
+    if value is None:
+        return -0.5 if name == "target_entropy" else 1e-3
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return value + 1
+    if isinstance(value, float):
+        return value * 2
+    raise AssertionError(f"add a test value for the new SAC parameter {name}={value!r}")
+
+
+def test_changing_any_sac_parameter_changes_the_key_and_the_variant():
+    base = _config()
+    keyed = set(base.sac_params) - {"buffer_size"}  # always the run's length: medium-replay is a slice of it
+    assert keyed
+    variants = {base.request.data_variant}
+    for name in sorted(keyed):
+        cfg = _config(sac_params={name: _another(name, base.sac_params[name])})
+        assert cfg.run_config() != base.run_config(), name
+        assert cfg.run_config()["sac_params"][name] != base.sac_params[name], name
+        variants.add(cfg.request.data_variant)
+    assert len(variants) == len(keyed) + 1  # each its own directory: seed0-<hash>
+    # Changing SAC's own default changes the key too, under the same short directory name.
+    defaults = SAC.__init__.__kwdefaults__
+    old = defaults["tau"]
+    defaults["tau"] = 2 * old
+    try:
+        changed = _config()
+    finally:
+        defaults["tau"] = old
+    assert changed.sac_params["tau"] == 2 * old and changed.run_config() != base.run_config()
+    assert changed.request.data_variant == base.request.data_variant == "seed0"
+
+
+def test_a_cached_build_of_another_sac_default_is_never_reused(built, monkeypatch):
+    monkeypatch.setenv("OFFRL_DATA_DIR", str(built["dir"]))
+    monkeypatch.setitem(SAC.__init__.__kwdefaults__, "gamma", 0.98)
+    with pytest.raises(ValueError, match=r"different configuration: .*sac_params\.gamma 0\.99 -> 0\.98.*force=True"):
+        build("pendulum-expert-v1", progress=False, **TINY)
+
+
+def test_load_or_build_rebuilds_a_stale_cache_and_keeps_older_recipes(built, tmp_path, monkeypatch):
+    import json
+    import shutil
+
+    import offrl.datasets.built as built_mod
+
+    root = tmp_path / "copy"
+    shutil.copytree(built["dir"], root)
+    monkeypatch.setenv("OFFRL_DATA_DIR", str(root))
+    expert_id = built["report"].datasets["expert"]["dataset_id"]
+    current = built_mod.dataset_path(root, expert_id)
+    older = current.parent / "expert-v0"  # a dataset of an older recipe next to it
+    shutil.copytree(current, older)
+    meta = json.loads((older / "data" / "metadata.json").read_text())
+    meta["offrl_build"]["config"]["version"] = 0
+    (older / "data" / "metadata.json").write_text(json.dumps(meta))
+    monkeypatch.setitem(SAC.__init__.__kwdefaults__, "gamma", 0.98)
+    expert = load_or_build("pendulum-expert-v1", progress=False, **TINY)
+    info = json.loads((current / "data" / "metadata.json").read_text())["offrl_build"]
+    assert info["config"]["sac_params"]["gamma"] == 0.98 and info["dataset_id"] == expert_id
+    assert not np.array_equal(expert.actions, built["datasets"]["expert"].actions)  # a new SAC run
+    run = json.loads((root / built["report"].run_dir[len(str(built["dir"])) + 1:] / "run.json").read_text())
+    assert run["config"]["sac_params"]["gamma"] == 0.98
+    assert (older / "data" / "metadata.json").exists()  # the older recipe's dataset is left alone
+    namespace = expert_id.rsplit("/", 1)[0] + "/"  # the other kinds of the stale variant were deleted with it
+    assert [row["dataset_id"] for row in list_built(root) if row["dataset_id"].startswith(namespace)] == [expert_id]
 
 
 def test_interrupted_build_resumes_to_the_same_data(built, tmp_path, monkeypatch):
@@ -196,7 +320,7 @@ def test_interrupted_build_resumes_to_the_same_data(built, tmp_path, monkeypatch
 
     monkeypatch.setattr(SAC, "update", crashing_update)
     with pytest.raises(KeyboardInterrupt):
-        run_build("pendulum-*-v1", progress=False, **TINY)
+        build("pendulum-*-v1", progress=False, **TINY)
     monkeypatch.setattr(SAC, "update", real_update)
 
     # Then a kill while the medium dataset is being written: nothing half written becomes visible.
@@ -206,20 +330,20 @@ def test_interrupted_build_resumes_to_the_same_data(built, tmp_path, monkeypatch
 
     def killed_to_minari(ds, dataset_id, *args, **kwargs):
         written = real_to_minari(ds, dataset_id, *args, **kwargs)
-        if dataset_id.endswith("/medium-v0"):
+        if dataset_id.endswith(f"/medium-v{DATASET_VERSION}"):
             raise KeyboardInterrupt
         return written
 
     monkeypatch.setattr(minari_mod, "to_minari", killed_to_minari)
     with pytest.raises(KeyboardInterrupt):
-        run_build("pendulum-*-v1", progress=False, **TINY)
+        build("pendulum-*-v1", progress=False, **TINY)
     monkeypatch.setattr(minari_mod, "to_minari", real_to_minari)
     with pytest.raises(FileNotFoundError):
         load_built("pendulum-medium-v1", **LOAD)
     assert not any((tmp_path / ".tmp").iterdir())
     load_built("pendulum-random-v1", **LOAD)  # written before the kill
 
-    report = run_build("pendulum-*-v1", progress=False, **TINY)
+    report = build("pendulum-*-v1", progress=False, **TINY)
     assert report.built == ["medium", "expert", "medium-replay", "medium-expert"]
     assert report.medium_step == built["report"].medium_step
     assert report.ref_min_score == built["report"].ref_min_score
@@ -232,10 +356,10 @@ def test_interrupted_build_resumes_to_the_same_data(built, tmp_path, monkeypatch
 
 def test_collect_marks_terminals_and_timeouts():
     """InvertedPendulum terminates when the pole falls: terminal, not timeout, at each episode's end."""
-    spec = build_mod._check_env("InvertedPendulum-v5")
-    pool = build_mod._EnvPool("InvertedPendulum-v5", 4)
+    spec = builder_mod._check_env("InvertedPendulum-v5")
+    pool = builder_mod._EnvPool("InvertedPendulum-v5", 4)
     try:
-        act = build_mod._uniform_actor(spec, torch.Generator().manual_seed(0))
+        act = builder_mod._uniform_actor(spec, torch.Generator().manual_seed(0))
         ds = pool.collect(act, 2000, 4, seed=0, stream=9, spec=spec, progress=False, desc="")
     finally:
         pool.close()
@@ -266,7 +390,7 @@ def test_collect_marks_terminals_and_timeouts():
 )
 def test_bad_input_fails_before_any_work(name, kwargs, match, tmp_path):
     with pytest.raises(ValueError, match=match):
-        run_build(name, data_dir=tmp_path, progress=False, **kwargs)
+        build(name, data_dir=tmp_path, progress=False, **kwargs)
     assert not any(tmp_path.iterdir())  # nothing written
 
 

@@ -107,3 +107,43 @@ def test_console_script(d4rl_replay_file, isolated_d4rl_dirs):
     assert rows["normalised score"].startswith("mean ")
     bad = subprocess.run([script, "datasets", "info", "nope.txt"], capture_output=True, text=True, env=env, timeout=120)
     assert bad.returncode == 2 and "offrl: error: cannot load 'nope.txt'" in bad.stderr
+
+
+def test_list_and_info_of_built_datasets(tmp_path, capsys, monkeypatch):
+    import json
+
+    from offrl.datasets.built import DATASET_VERSION
+    from test_layers import _fake_build
+
+    monkeypatch.setenv("OFFRL_DATA_DIR", str(tmp_path))
+    assert main(["datasets", "list"]) == 0
+    assert "(none yet; build one with `offrl datasets build pendulum-medium-v1`)" in capsys.readouterr().out
+    actions = _fake_build(tmp_path, seed=0)
+    assert main(["datasets", "list"]) == 0
+    out = capsys.readouterr().out
+    assert f"offrl/pendulum-v1/seed0/medium-v{DATASET_VERSION}" in out and "seed 0, SAC 15,000 steps" in out
+    assert "older builder recipe" not in out and "pendulum-<kind>-v1" in out
+    # A dataset of an older recipe is listed apart, and `offrl:` loads do not see it.
+    current = tmp_path / "offrl" / "pendulum-v1" / "seed0" / f"medium-v{DATASET_VERSION}"
+    old = current.parent / "medium-v0"
+    shutil.copytree(current, old)
+    meta = json.loads((old / "data" / "metadata.json").read_text())
+    meta["offrl_build"]["config"]["version"] = 0
+    (old / "data" / "metadata.json").write_text(json.dumps(meta))
+    assert main(["datasets", "list"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("pendulum-medium-v1") == 1 and "(1 more of an older builder recipe" in out
+    assert main(["datasets", "info", "offrl:pendulum-medium-v1"]) == 0
+    rows = info_rows(capsys.readouterr().out)
+    assert rows["dataset"] == "pendulum-medium-v1" and rows["transitions"] == str(len(actions))
+    assert rows["behaviour log-probs"] == "present" and rows["normalised score"].startswith("mean ")
+    assert main(["datasets", "info", "offrl:pendulum-expert-v1"]) == 2
+    assert "offrl datasets build pendulum-expert-v1" in capsys.readouterr().err
+
+
+def test_build_with_bad_input_exits_2(tmp_path, capsys):
+    assert main(["datasets", "build", "cheetah-medium-v5", "--data-dir", str(tmp_path)]) == 2
+    assert "offrl: error: unknown environment 'cheetah'" in capsys.readouterr().err
+    assert main(["datasets", "build", "pendulum-medium-v1", "--sac-steps", "3000", "--data-dir", str(tmp_path)]) == 2
+    assert "too small to reach a medium policy" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import assert_same_columns, make_episodes, write_d4rl_hdf5
+from conftest import make_episodes, write_d4rl_hdf5
 from offrl.datasets import Dataset
 from offrl.datasets.core import FORMAT_VERSION, MASKED_FORMAT_VERSION
 

@@ -18,7 +18,7 @@ import yaml
 from offrl import Dataset
 from offrl.cli import main as cli_main
 from offrl.report import stratified_bootstrap_iqm, iqm, write_report
-from offrl.sweep import ConfigError, load_config, run_sweep
+from offrl.sweep import ConfigError, load_config, parse_config, run_sweep
 
 COMPARE = ["dataset", "variant", "seed", "status", "final_return", "best_return", "final_score", "best_score"]
 
@@ -221,3 +221,38 @@ def test_progress_view_shows_the_step_of_each_running_run(tmp_path):
     view.close()
     assert "CQL/s0 500/5000" in postfix and "running=1" in postfix and "skipped=1" in postfix
     assert view.failed == 1 and view.running == []
+
+
+def test_an_offrl_dataset_not_to_be_built_must_exist_with_that_budget(tmp_path, pendulum_npz, monkeypatch):
+    from test_layers import _fake_build
+
+    monkeypatch.setenv("OFFRL_DATA_DIR", str(tmp_path / "data"))
+    config = {"name": "built", "datasets": [{"spec": "offrl:pendulum-medium-v1", "build": False}],
+              "algorithms": {"BC": {}}, "seeds": [0], "steps": 10}
+    with pytest.raises(ConfigError, match="is not built; run `offrl datasets build pendulum-medium-v1`"):
+        parse_config(config, source="test")
+    _fake_build(tmp_path / "data", seed=3)  # built, but with seed 3: still not the default budget's
+    with pytest.raises(ConfigError, match="is not built"):
+        parse_config(config, source="test")
+    _fake_build(tmp_path / "data", seed=0)
+    assert parse_config(config, source="test").datasets[0]["build"] is False
+
+
+def test_the_sweep_log_every_reaches_each_estimator():
+    import inspect
+
+    from sklearn.base import clone
+
+    from offrl.sweep import _algorithm_class, _make_algorithm
+
+    for name in ("BC", "IQL"):
+        algo = _make_algorithm({"algorithm": name, "params": {"hidden_dims": [8]}, "seed": 0, "device": "cpu",
+                                "log_every": 7})
+        assert algo.log_every == 7 and algo.random_state == 0
+        if "log_every" in inspect.signature(_algorithm_class(name).__init__).parameters:
+            assert clone(algo).log_every == 7  # a constructor parameter: clone keeps it
+    # An algorithm's own log_every wins over the sweep's.
+    if "log_every" in inspect.signature(_algorithm_class("BC").__init__).parameters:
+        own = _make_algorithm({"algorithm": "BC", "params": {"log_every": 3}, "seed": 0, "device": "cpu",
+                               "log_every": 7})
+        assert own.log_every == 3

@@ -1,4 +1,9 @@
-"""The data layer: every way logged data gets into or out of offrl."""
+"""The data layer: every way logged data gets into or out of offrl.
+
+It imports nothing from the algorithms (or anything else above it): datasets
+made by the D4RL-recipe builder (`offrl.builder`, which trains SAC) are read
+here through `offrl.datasets.built`.
+"""
 
 from __future__ import annotations
 
@@ -8,26 +13,13 @@ from typing import Any
 
 import numpy as np
 
+from offrl.datasets.built import list_built, load_built, offrl_data_dir
 from offrl.datasets.core import Batch, Dataset
 from offrl.datasets.d4rl import D4RL_REF_SCORES, d4rl_ref_scores
 from offrl.datasets.minari import load_minari, to_minari
 
-__all__ = ["Dataset", "Batch", "load", "build", "to_minari", "normalized_score", "reference_scores", "offrl_data_dir"]
-
-
-def __getattr__(name: str) -> Any:
-    # `offrl.datasets.build(...)` is the builder module, which is callable (it forwards to build.build);
-    # it is imported on first use so that `import offrl` stays light.
-    if name == "build":
-        import importlib
-
-        return importlib.import_module("offrl.datasets.build")
-    raise AttributeError(f"module 'offrl.datasets' has no attribute {name!r}")
-
-
-def offrl_data_dir() -> Path:
-    """Where offrl caches the datasets it builds: `$OFFRL_DATA_DIR` or `~/.offrl/datasets`."""
-    return Path(os.environ.get("OFFRL_DATA_DIR", "~/.offrl/datasets")).expanduser()
+__all__ = ["Dataset", "Batch", "load", "load_built", "list_built", "to_minari", "normalized_score", "reference_scores",
+           "offrl_data_dir"]
 
 
 def load(spec: str | os.PathLike, download: bool = False, **kwargs: Any) -> Dataset:
@@ -38,7 +30,8 @@ def load(spec: str | os.PathLike, download: bool = False, **kwargs: Any) -> Data
     - a path to a `.hdf5` file in D4RL's layout;
     - `"minari:mujoco/hopper/medium-v0"`: a local Minari dataset;
     - `"offrl:pendulum-medium-v1"`: a dataset built by `offrl datasets build`
-      (pass `build=True` to build it on first use);
+      (`kwargs`: the budget it was built with, see `load_built`; to build it
+      on first use call `offrl.builder.load_or_build`);
     - a path to a `.npz` file written by `Dataset.save`.
     """
     from offrl.datasets import d4rl
@@ -55,8 +48,9 @@ def load(spec: str | os.PathLike, download: bool = False, **kwargs: Any) -> Data
     if sep and scheme == "minari":
         return load_minari(rest, download=download, **kwargs)
     if sep and scheme == "offrl":
-        from offrl.datasets.build import load_built
-
+        if "build" in kwargs:
+            raise TypeError(f"load({spec!r}, build=...) is gone: load reads built datasets only; build on first use "
+                            f"with offrl.builder.load_or_build({rest!r}, ...) or `offrl datasets build {rest}`")
         return load_built(rest, **kwargs)
     path = Path(spec).expanduser()
     if path.suffix in (".hdf5", ".h5"):

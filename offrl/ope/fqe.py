@@ -177,8 +177,7 @@ class FQE(OfflineAlgorithm):
         cols: dict[str, np.ndarray] = {}
         horizon = self.spec_["fqe_horizon"]
         if horizon is not None:
-            steps = np.arange(dataset.n_transitions) - np.repeat(dataset.episode_starts[:-1], dataset.episode_lengths())
-            cols["steps_to_go"] = (horizon - steps).astype(np.float32)
+            cols["steps_to_go"] = (horizon - dataset.timesteps()).astype(np.float32)
         if self.bootstrap and int(self.n_critics) > 1:
             rng = np.random.default_rng(np.random.SeedSequence(int(torch.initial_seed()) % 2**32))
             per_episode = rng.poisson(1.0, size=(dataset.n_episodes, int(self.n_critics)))

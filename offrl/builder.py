@@ -18,32 +18,28 @@ density for random actions).  Reference scores are the random and expert
 policies' mean returns over `ref_episodes` episodes and are stored as Minari's
 ref_min_score / ref_max_score.
 
-Layout under `$OFFRL_DATA_DIR` (default `~/.offrl/datasets`), which is also
-the Minari root for these datasets::
+This module sits above the algorithms (it trains SAC, through SAC's public
+API only); the data layer's `offrl.datasets.built` names the datasets, holds
+the layout under `$OFFRL_DATA_DIR` and loads what was built, so that
+`offrl.datasets.load("offrl:<name>")` needs no algorithm.  `build` makes
+what is missing and reports; `load_or_build` also returns the datasets.
 
-    offrl/<env>-v<N>/<variant>/<kind>-v0/data/   Minari datasets (minari.load_dataset)
-    .builds/<env>-v<N>/<run variant>/           the SAC run: run.json, sac_checkpoint.pt,
-                                                snapshots/, policies/{medium,expert}.pt
-    .tmp/                                       datasets being written (renamed into place)
-
-`<variant>` is `seed<S>` for the default budget, with `-sac<steps>`,
-`-n<transitions>`, `-e<envs>` and a config hash appended for non-default
-settings.  A build interrupted in SAC training resumes from its last
-checkpoint (at an episode boundary) to the same result; a dataset appears
-only once completely written.
+A build is cached under a key that holds the request and SAC's full
+configuration (every `get_params()` value that changes the run), so a new
+SAC default never passes for an old one: `build` refuses a cached build
+made with another configuration (`force=True` rebuilds it) and
+`load_or_build` rebuilds it.  A build interrupted in SAC training resumes
+from its last checkpoint (at an episode boundary) to the same result; a
+dataset appears only once completely written.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
-import re
 import shutil
-import sys
 import time
-import types
 import uuid
 import warnings
 from dataclasses import dataclass, field
@@ -53,154 +49,49 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import numpy as np
 import torch
 
+from offrl.algos.sac import SAC, episode_seed
+from offrl.datasets.built import (
+    DATASET_VERSION,
+    DEFAULT_EVAL_EPISODES,
+    DEFAULT_N_ENVS,
+    DEFAULT_REF_EPISODES,
+    KINDS,
+    BuildRequest,
+    data_root,
+    dataset_path,
+    json_value,
+    load_built,
+    parse_name,
+    read_json,
+    read_metadata,
+    resolve,
+)
 from offrl.datasets.core import Dataset, atomic_write_path
+from offrl.online.replay import ReplayBuffer
 
-__all__ = [
-    "KINDS",
-    "ENV_IDS",
-    "BUILD_DEFAULTS",
-    "BuildReport",
-    "build",
-    "run_build",
-    "load_built",
-    "parse_name",
-    "list_built",
-    "known_datasets",
-]
+__all__ = ["BuildReport", "build", "load_or_build", "sac_config", "UNKEYED_SAC_PARAMS"]
 
-KINDS = ("random", "medium", "expert", "medium-replay", "medium-expert")
-
-# Lower-case names (hyphens and underscores ignored) -> gymnasium env names (the version comes from the dataset name).
-ENV_IDS = {
-    "pendulum": "Pendulum",
-    "invertedpendulum": "InvertedPendulum",
-    "inverteddoublependulum": "InvertedDoublePendulum",
-    "reacher": "Reacher",
-    "swimmer": "Swimmer",
-    "hopper": "Hopper",
-    "halfcheetah": "HalfCheetah",
-    "walker2d": "Walker2d",
-    "ant": "Ant",
-    "humanoid": "Humanoid",
-}
-
-# Per-env budgets: SAC environment steps (one update each after the warm-up), transitions per collected kind,
-# evaluation/snapshot interval, and SAC hyper-parameters that differ from the paper's defaults.
-# Pendulum is solved (about -150) within ~10k steps; the MuJoCo locomotion tasks get D4RL's 1M steps.
-BUILD_DEFAULTS: dict[str, dict[str, Any]] = {
-    "pendulum": {"sac_steps": 15_000, "n_transitions": 1_000_000, "eval_every": 250},
-    "invertedpendulum": {"sac_steps": 30_000, "n_transitions": 1_000_000, "eval_every": 500},
-    "inverteddoublependulum": {"sac_steps": 100_000, "n_transitions": 1_000_000, "eval_every": 1_000},
-    "reacher": {"sac_steps": 200_000, "n_transitions": 1_000_000, "eval_every": 2_000},
-    "swimmer": {"sac_steps": 1_000_000, "n_transitions": 1_000_000, "eval_every": 10_000},
-    "hopper": {"sac_steps": 1_000_000, "n_transitions": 1_000_000, "eval_every": 10_000},
-    "halfcheetah": {"sac_steps": 1_000_000, "n_transitions": 1_000_000, "eval_every": 10_000},
-    "walker2d": {"sac_steps": 1_000_000, "n_transitions": 1_000_000, "eval_every": 10_000},
-    "ant": {"sac_steps": 1_000_000, "n_transitions": 1_000_000, "eval_every": 10_000},
-    "humanoid": {"sac_steps": 1_000_000, "n_transitions": 1_000_000, "eval_every": 10_000},
-}
-_GENERIC_DEFAULTS: dict[str, Any] = {"sac_steps": 1_000_000, "n_transitions": 1_000_000}
-_N_EVALS = 100  # snapshots per run when eval_every is not set (for non-default budgets)
-EXPERT_CHOICES = ("final", "best")
 MEDIUM_SCORE = 100.0 / 3.0  # D4RL's medium: a third of the way from random to expert
-DATASET_VERSION = 0  # the `-v0` of the Minari ids; bump when the recipe changes the data
-NAMESPACE = "offrl"
-DEFAULT_N_ENVS = 32
-DEFAULT_EVAL_EPISODES = 10
-DEFAULT_REF_EPISODES = 100
 _MIN_LEARNING_EVALS = 3
 _MIN_UPDATES = 1000  # no SAC run reaches a medium policy on these tasks in fewer gradient steps
 # Independent random streams (env resets, action noise) of one build.
 _EVAL, _REF, _COLLECT = 2, 3, 4
 _KIND_STREAM = {"random": 0, "medium": 1, "expert": 2}
+# SAC's parameters that are not in the cache key's `sac_params`, and why.  Every other `SAC.get_params()` value is.
+UNKEYED_SAC_PARAMS = {
+    "n_steps": "the key's sac_steps",
+    "random_state": "the key's seed",
+    "device": "where the run computes, not what (as before: a cache serves CPU and GPU builds alike)",
+    "log_every": "how often losses are checked and logged; it does not change the run",
+}
+# SAC settings a build may not take from sac_params (the builder sets them).
+_BUILDER_SAC_PARAMS = ("n_steps", "random_state", "device")
 
 
-# ---------------------------------------------------------------------- names
-@dataclass(frozen=True)
-class BuildTarget:
-    """A parsed dataset name: which env and which kinds."""
-
-    name: str
-    env: str  # short lower-case env name as used in the dataset name
-    env_id: str  # gymnasium id
-    version: int
-    kinds: tuple[str, ...]
-
-    @property
-    def env_key(self) -> str:
-        return f"{self.env}-v{self.version}"
-
-    def dataset_name(self, kind: str) -> str:
-        return f"{self.env}-{kind}-v{self.version}"
-
-
-def _normalise_env(text: str) -> str:
-    return re.sub(r"[-_ ]", "", text.lower())
-
-
-def parse_name(name: str, env_id: str | None = None) -> BuildTarget:
-    """Split `<env>-<kind>-v<env version>` and find the gymnasium env.
-
-    The kind may be `*` or `all` for all five kinds.  Known lower-case env
-    names map to gymnasium ids (`hopper` -> `Hopper-v<N>`); other names are
-    looked up in gymnasium's registry ignoring case, hyphens and
-    underscores; `env_id` names the gymnasium id explicitly (its version
-    must agree with the name's).
-    """
-    import gymnasium as gym
-
-    if not isinstance(name, str):
-        raise TypeError(f"dataset name must be a string like 'hopper-medium-v5', got {type(name).__name__}")
-    match = re.fullmatch(r"(?P<stem>.+)-v(?P<version>\d+)", name.strip())
-    if not match or "-" not in match["stem"]:
-        raise ValueError(f"dataset name {name!r} must look like '<env>-<kind>-v<env version>', e.g. 'hopper-medium-v5' "
-                         f"(kinds: {', '.join(KINDS)}, or '*' for all)")
-    stem, version = match["stem"], int(match["version"])
-    kinds_pattern = "|".join(re.escape(k) for k in sorted(KINDS + ("*", "all"), key=len, reverse=True))
-    kind_match = re.fullmatch(rf"(?P<env>.+?)-(?P<kind>{kinds_pattern})", stem)
-    if not kind_match:
-        env_guess, _, kind_guess = stem.rpartition("-")
-        raise ValueError(
-            f"unknown dataset kind {kind_guess!r} in {name!r}; choose one of {', '.join(KINDS)} (or '*' for all), "
-            f"e.g. '{env_guess or stem}-medium-v{version}'"
-        )
-    env, kind = kind_match["env"].lower(), kind_match["kind"]
-    kinds = KINDS if kind in ("*", "all") else (kind,)
-    key = _normalise_env(env)
-    if env_id is not None:
-        if env_id not in gym.registry:
-            raise ValueError(f"env_id {env_id!r} is not a registered gymnasium environment; import the package that registers it")
-        spec_version = gym.spec(env_id).version
-        if spec_version is not None and spec_version != version:
-            raise ValueError(f"{name!r} asks for env version v{version} but env_id {env_id!r} is v{spec_version}; make them agree")
-        resolved = env_id
-    else:
-        base = ENV_IDS.get(key)
-        if base is None:
-            matches = sorted({s.name for s in gym.registry.values() if s.namespace is None and _normalise_env(s.name) == key})
-            if not matches:
-                raise ValueError(
-                    f"unknown environment {env!r} in {name!r}: known names are {', '.join(sorted(ENV_IDS))}, or any "
-                    "gymnasium env name (e.g. 'mountaincarcontinuous-medium-v0'); pass env_id='Package/Env-vN' for others"
-                )
-            base = matches[0]
-        resolved = f"{base}-v{version}"
-        if resolved not in gym.registry:
-            versions = sorted(s.version for s in gym.registry.values() if s.name == base and s.namespace is None
-                              and s.version is not None)
-            raise ValueError(
-                f"{resolved} is not registered in gymnasium (versions of {base}: "
-                f"{', '.join(f'v{v}' for v in versions) or 'none'}); use one of those versions in {name!r}"
-            )
-    return BuildTarget(name=name, env=re.sub(r"[^a-z0-9_]", "", env.replace("-", "")) or key, env_id=resolved,
-                       version=version, kinds=kinds)
-
-
+# ---------------------------------------------------------------------- configuration
 def _check_env(env_id: str) -> dict[str, Any]:
     """Make the env once: a clear error for missing dependencies and for non-Box action spaces."""
     import gymnasium as gym
-
-    from offrl.algos.sac import SAC
 
     try:
         env = gym.make(env_id)
@@ -209,7 +100,7 @@ def _check_env(env_id: str) -> dict[str, Any]:
     try:
         if not isinstance(env.action_space, gym.spaces.Box):
             raise ValueError(
-                f"{env_id} has a {type(env.action_space).__name__} action space ({env.action_space}); offrl.datasets.build "
+                f"{env_id} has a {type(env.action_space).__name__} action space ({env.action_space}); offrl.builder "
                 "trains SAC, which needs a continuous (Box) action space"
             )
         spec = SAC.spec_from_env(env)
@@ -219,55 +110,52 @@ def _check_env(env_id: str) -> dict[str, Any]:
         env.close()
 
 
-# ---------------------------------------------------------------------- configuration
-def _sac_defaults() -> dict[str, Any]:
-    from offrl.algos.sac import SAC
-
-    params = SAC().get_params()
-    for key in ("n_steps", "random_state", "device"):
-        params.pop(key)
-    params["hidden_dims"] = [int(h) for h in params["hidden_dims"]]
-    return params
-
-
-def _digest(value: Any, n: int = 8) -> str:
-    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:n]
+def sac_config(sac_params: Mapping[str, Any], sac_steps: int) -> dict[str, Any]:
+    """SAC's full configuration for a build: SAC's current defaults, then `sac_params`, with the replay buffer
+    holding the whole run.  Every `SAC.get_params()` value but `UNKEYED_SAC_PARAMS`, as JSON values."""
+    params = SAC().get_params(deep=False)
+    for key in UNKEYED_SAC_PARAMS:
+        params.pop(key, None)
+    params.update({k: v for k, v in sac_params.items() if k not in UNKEYED_SAC_PARAMS})
+    params["buffer_size"] = int(sac_steps)
+    return {k: json_value(k, v) for k, v in sorted(params.items())}
 
 
 @dataclass
 class _Config:
-    target: BuildTarget
-    seed: int
-    sac_steps: int
-    n_transitions: int
-    eval_every: int
-    eval_episodes: int
-    ref_episodes: int
-    n_envs: int
-    sac_params: dict[str, Any]  # full SAC hyper-parameters
+    request: BuildRequest
+    sac_params: dict[str, Any]  # SAC's full configuration (the cache key's part)
+    sac_unkeyed: dict[str, Any]  # SAC settings given in sac_params that do not change the run (log_every)
     checkpoint_every: int
     device: str
-    expert: str = "final"  # which SAC policy is the expert: the final one (D4RL) or the best evaluated snapshot
-    run_variant: str = ""
-    data_variant: str = ""
+
+    # The request's fields, read often.
+    target = property(lambda self: self.request.target)
+    seed = property(lambda self: self.request.seed)
+    sac_steps = property(lambda self: self.request.sac_steps)
+    n_transitions = property(lambda self: self.request.n_transitions)
+    eval_every = property(lambda self: self.request.eval_every)
+    eval_episodes = property(lambda self: self.request.eval_episodes)
+    ref_episodes = property(lambda self: self.request.ref_episodes)
+    n_envs = property(lambda self: self.request.n_envs)
+    expert = property(lambda self: self.request.expert)
 
     def run_config(self) -> dict[str, Any]:
-        """Everything that determines the SAC run (and so the snapshots and reference scores)."""
+        """Everything that determines the SAC run (and so the snapshots and reference scores): the run's key."""
         return {
+            "version": DATASET_VERSION,
             "env_id": self.target.env_id,
             "seed": self.seed,
             "sac_steps": self.sac_steps,
             "eval_every": self.eval_every,
             "eval_episodes": self.eval_episodes,
             "ref_episodes": self.ref_episodes,
-            # Only what differs from SAC's own defaults, so a new SAC hyper-parameter does not invalidate caches.
-            "sac_params": {k: v for k, v in self.sac_params.items() if _sac_defaults().get(k, object()) != v},
-            "version": DATASET_VERSION,
+            "sac_params": self.sac_params,
         }
 
     def data_config(self) -> dict[str, Any]:
-        extra = {} if self.expert == "final" else {"expert": self.expert}  # "final" keeps older caches valid
-        return {**self.run_config(), "n_transitions": self.n_transitions, "n_envs": self.n_envs, **extra}
+        """The run's key and the collection settings: a dataset's key."""
+        return {**self.run_config(), "n_transitions": self.n_transitions, "n_envs": self.n_envs, "expert": self.expert}
 
     def key(self, name: str) -> str:
         """The run-state key (and policy file stem) of 'expert' / 'medium' for this expert choice: one SAC run
@@ -275,20 +163,32 @@ class _Config:
         return name if self.expert == "final" else f"{name}@{self.expert}"
 
     def expert_and_medium(self, state: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
-        """This choice's expert and medium records from the run state (runs recorded before the expert
-        choice existed lack the expert's step: it was the final one)."""
+        """This choice's expert and medium records from the run state."""
         expert = {"step": self.sac_steps, **state[self.key("expert")]}
         return expert, state.get(self.key("medium"))
 
     def namespace(self) -> str:
-        return f"{NAMESPACE}/{self.target.env_key}/{self.data_variant}"
+        return self.request.namespace()
 
     def dataset_id(self, kind: str) -> str:
-        return f"{self.namespace()}/{kind}-v{DATASET_VERSION}"
+        return self.request.dataset_id(kind)
+
+
+def _config_diff(stored: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """'field stored -> current' for every field that differs (sac_params field by field)."""
+    diffs = []
+    for key in sorted(set(stored) | set(current)):
+        old, new = stored.get(key, "<absent>"), current.get(key, "<absent>")
+        if key == "sac_params" and isinstance(old, dict) and isinstance(new, dict):
+            diffs += [f"sac_params.{k} {old.get(k, '<absent>')!r} -> {new.get(k, '<absent>')!r}"
+                      for k in sorted(set(old) | set(new)) if old.get(k, "<absent>") != new.get(k, "<absent>")]
+        elif old != new:
+            diffs.append(f"{key} {old!r} -> {new!r}")
+    return diffs
 
 
 def _make_config(
-    target: BuildTarget,
+    name: str,
     *,
     n_transitions: int | None,
     seed: int,
@@ -300,43 +200,24 @@ def _make_config(
     n_envs: int,
     checkpoint_every: int | None,
     device: str,
-    expert: str = "final",
+    expert: str,
+    env_id: str | None,
 ) -> _Config:
-    defaults = BUILD_DEFAULTS.get(_normalise_env(target.env), _GENERIC_DEFAULTS)
-    default_steps = int(defaults["sac_steps"])
-    default_n = int(defaults["n_transitions"])
-    sac_steps = default_steps if sac_steps is None else int(sac_steps)
-    n_transitions = default_n if n_transitions is None else int(n_transitions)
-    if int(seed) != seed or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
-    seed = int(seed)
-    if n_transitions < 1:
-        raise ValueError(f"n_transitions must be at least 1, got {n_transitions}")
-    if eval_episodes < 10 or ref_episodes < 10:
-        raise ValueError(f"eval_episodes and ref_episodes must be at least 10 (got {eval_episodes}, {ref_episodes}); "
-                         "D4RL-style reference scores need at least 10 evaluation episodes")
-    if n_envs < 1:
-        raise ValueError(f"n_envs must be at least 1, got {n_envs}")
-    if expert not in EXPERT_CHOICES:
-        raise ValueError(f"expert must be one of {EXPERT_CHOICES} (the final SAC policy, as in D4RL, or the best "
-                         f"evaluated snapshot), got {expert!r}")
-    base = _sac_defaults()
-    base.update(defaults.get("sac_params", {}))
+    target = parse_name(name, env_id)
     user = dict(sac_params or {})
-    unknown = sorted(set(user) - set(base))
+    allowed = sorted(set(SAC().get_params(deep=False)) - set(_BUILDER_SAC_PARAMS))
+    unknown = sorted(set(user) - set(allowed))
     if unknown:
-        raise ValueError(f"unknown SAC parameter(s) {unknown} in sac_params; SAC takes {sorted(base)}")
+        raise ValueError(f"unknown SAC parameter(s) {unknown} in sac_params; SAC takes {allowed}")
+    request = resolve(target, seed=seed, n_transitions=n_transitions, sac_steps=sac_steps, eval_every=eval_every,
+                      eval_episodes=eval_episodes, ref_episodes=ref_episodes, sac_params=user, n_envs=n_envs,
+                      expert=expert)
+    sac_steps = request.sac_steps
     if "buffer_size" in user and int(user["buffer_size"]) < sac_steps:
         raise ValueError(f"sac_params buffer_size={user['buffer_size']} is smaller than sac_steps={sac_steps}; "
                          "medium-replay needs the whole run's replay buffer")
-    params = {**base, **user, "buffer_size": sac_steps}
-    if "hidden_dims" in params:
-        params["hidden_dims"] = [int(h) for h in params["hidden_dims"]]
-    learning_starts = int(params["learning_starts"])
-    default_eval_every = int(defaults.get("eval_every", 0)) if sac_steps == default_steps else 0
-    eval_every = int(eval_every or default_eval_every or max(sac_steps // _N_EVALS, 1))
-    if eval_every < 1:
-        raise ValueError(f"eval_every must be at least 1, got {eval_every}")
+    params = sac_config(request.sac_params, sac_steps)
+    learning_starts, eval_every = int(params["learning_starts"]), request.eval_every
     # A medium policy needs training beyond the warm-up and a few evaluated snapshots to choose from.
     learning_evals = sum(1 for s in range(eval_every, sac_steps + 1, eval_every) if s > learning_starts)
     if sac_steps - learning_starts < _MIN_UPDATES or learning_evals < _MIN_LEARNING_EVALS:
@@ -346,28 +227,11 @@ def _make_config(
             f"{learning_starts} random warm-up steps, leaving {max(sac_steps - learning_starts, 0)} gradient steps "
             f"(at least {_MIN_UPDATES} are needed) and {learning_evals} evaluated snapshot(s) every {eval_every} steps "
             f"(at least {_MIN_LEARNING_EVALS}). Use sac_steps >= {need} (the default for {target.env} is "
-            f"{default_steps:,}), or lower sac_params['learning_starts'] / eval_every for a quick build"
+            f"{request.default_sac_steps:,}), or lower sac_params['learning_starts'] / eval_every for a quick build"
         )
-    cfg = _Config(
-        target=target, seed=seed, sac_steps=sac_steps, n_transitions=n_transitions, eval_every=eval_every,
-        eval_episodes=int(eval_episodes), ref_episodes=int(ref_episodes), n_envs=int(n_envs), sac_params=params,
-        checkpoint_every=int(checkpoint_every or max(sac_steps // 20, 1)), device=device, expert=expert,
-    )
-    # Readable variants: seed, then whatever differs from the defaults.
-    default_cfg = _Config(
-        target=target, seed=seed, sac_steps=sac_steps, n_transitions=default_n,
-        eval_every=int(default_eval_every or max(sac_steps // _N_EVALS, 1)), eval_episodes=DEFAULT_EVAL_EPISODES,
-        ref_episodes=DEFAULT_REF_EPISODES, n_envs=DEFAULT_N_ENVS, sac_params={**base, "buffer_size": sac_steps},
-        checkpoint_every=0, device=device,
-    )
-    run_variant = f"seed{seed}" + ("" if sac_steps == default_steps else f"-sac{sac_steps}")
-    if cfg.run_config() != default_cfg.run_config():
-        run_variant += "-" + _digest(cfg.run_config())
-    data_variant = run_variant + ("" if n_transitions == default_n else f"-n{n_transitions}")
-    data_variant += "" if n_envs == DEFAULT_N_ENVS else f"-e{n_envs}"
-    data_variant += "" if expert == "final" else f"-{expert}"
-    cfg.run_variant, cfg.data_variant = run_variant, data_variant
-    return cfg
+    unkeyed = {k: v for k, v in user.items() if k in UNKEYED_SAC_PARAMS}
+    return _Config(request=request, sac_params=params, sac_unkeyed=unkeyed,
+                   checkpoint_every=int(checkpoint_every or max(sac_steps // 20, 1)), device=device)
 
 
 # ---------------------------------------------------------------------- roll-outs
@@ -398,8 +262,6 @@ def _policy_actor(sac: Any, generator: torch.Generator) -> Actor:
 
 
 def _generator(device: Any, *seed_parts: int) -> torch.Generator:
-    from offrl.algos.sac import episode_seed
-
     generator = torch.Generator(device=device)
     generator.manual_seed(episode_seed(*seed_parts) % 2**63)
     return generator
@@ -461,8 +323,6 @@ class _EnvPool:
         """
         from tqdm.auto import tqdm
 
-        from offrl.algos.sac import episode_seed
-
         m = min(n_envs, n_transitions)
         self._ensure(m)
         budgets = np.full(m, n_transitions // m) + (np.arange(m) < n_transitions % m)
@@ -521,11 +381,6 @@ class _EnvPool:
 
 
 # ---------------------------------------------------------------------- files
-def _read_json(path: Path) -> Any:
-    with open(path) as f:
-        return json.load(f)
-
-
 def _write_json(path: Path, value: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_write_path(path) as tmp, open(tmp, "w") as f:
@@ -591,20 +446,6 @@ def _ensure_namespaces(data_dir: Path, namespace: str) -> None:
         path = data_dir.joinpath(*parts[:i], "namespace_metadata.json")
         if not path.exists():
             _write_json(path, {})
-
-
-def _dataset_dir(data_dir: Path, dataset_id: str) -> Path:
-    return data_dir.joinpath(*dataset_id.split("/"))
-
-
-def _built_metadata(data_dir: Path, dataset_id: str) -> dict[str, Any] | None:
-    path = _dataset_dir(data_dir, dataset_id) / "data" / "metadata.json"
-    if not path.exists():
-        return None
-    try:
-        return _read_json(path)
-    except (OSError, ValueError):
-        return None
 
 
 # ---------------------------------------------------------------------- report
@@ -685,7 +526,7 @@ class _Builder:
     def __init__(self, cfg: _Config, data_dir: Path, progress: bool) -> None:
         self.cfg = cfg
         self.data_dir = data_dir
-        self.run_dir = data_dir / ".builds" / cfg.target.env_key / cfg.run_variant
+        self.run_dir = cfg.request.run_dir(data_dir)
         self.progress = progress
         self.state_path = self.run_dir / "run.json"
         self.spec: dict[str, Any] = {}
@@ -698,15 +539,33 @@ class _Builder:
             tqdm.write(message)
 
     # -- state
+    def stale(self, kinds: Sequence[str]) -> list[str]:
+        """What in this run's cache was built with another configuration ('what: differences'); empty if nothing."""
+        found = []
+        if self.state_path.exists():
+            diff = _config_diff(read_json(self.state_path).get("config") or {}, self.cfg.run_config())
+            if diff:
+                found.append(f"the SAC run {self.run_dir}: {', '.join(diff)}")
+        for kind in kinds:
+            meta = read_metadata(self.data_dir, self.cfg.dataset_id(kind))
+            if meta is not None:
+                diff = _config_diff(meta.get("offrl_build", {}).get("config") or {}, self.cfg.data_config())
+                if diff:
+                    found.append(f"{dataset_path(self.data_dir, self.cfg.dataset_id(kind))}: {', '.join(diff)}")
+        return found
+
+    def wipe(self) -> None:
+        """Delete this build's datasets (every kind of its variant, this recipe version's only) and its SAC run,
+        keeping the lock."""
+        for kind in KINDS:
+            shutil.rmtree(dataset_path(self.data_dir, self.cfg.dataset_id(kind)), ignore_errors=True)
+        for path in self.run_dir.iterdir():
+            if path.name != "lock":
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
+
     def load_state(self) -> dict[str, Any]:
         if self.state_path.exists():
-            state = _read_json(self.state_path)
-            if state.get("config") != self.cfg.run_config():
-                raise ValueError(
-                    f"{self.run_dir} holds a SAC run with a different configuration ({state.get('config')}); "
-                    "pass force=True to rebuild it"
-                )
-            return state
+            return read_json(self.state_path)  # its config was checked by `stale`
         return {"config": self.cfg.run_config()}
 
     def save_state(self, state: dict[str, Any]) -> None:
@@ -715,12 +574,15 @@ class _Builder:
     def snapshot_path(self, step: int) -> Path:
         return self.run_dir / "snapshots" / f"step_{step:09d}.pt"
 
+    @property
+    def replay_path(self) -> Path:
+        """The whole run's replay buffer (`ReplayBuffer.state_dict()`), written once SAC has finished."""
+        return self.run_dir / "replay_buffer.pt"
+
     # -- stages
     def references_random(self, state: dict[str, Any]) -> None:
         if "random" in state:
             return
-        from offrl.algos.sac import episode_seed
-
         seeds = [episode_seed(self.cfg.seed, _REF, k) for k in range(self.cfg.ref_episodes)]
         act = _uniform_actor(self.spec, _generator("cpu", self.cfg.seed, _REF, 0))
         returns = self.pool.episode_returns(act, seeds, self.cfg.n_envs)
@@ -730,12 +592,10 @@ class _Builder:
         self.log(f"random policy: return {returns.mean():.2f} ± {returns.std():.2f} over {len(returns)} episodes")
 
     def train(self, state: dict[str, Any]) -> None:
-        if state.get("trained"):
+        if state.get("trained") and self.replay_path.exists():
             return
-        from offrl.algos.sac import SAC, episode_seed
-
         cfg = self.cfg
-        params = dict(cfg.sac_params)
+        params = {**cfg.sac_params, **cfg.sac_unkeyed}
         params["hidden_dims"] = tuple(params["hidden_dims"])
         sac = SAC(**params, n_steps=cfg.sac_steps, random_state=cfg.seed, device=cfg.device)
         eval_seeds = [episode_seed(cfg.seed, _EVAL, k) for k in range(cfg.eval_episodes)]
@@ -754,11 +614,18 @@ class _Builder:
 
         env = gym.make(cfg.target.env_id)
         try:
+            # A finished run resumes to itself at once, with its replay buffer.
             sac.fit_online(env, cfg.sac_steps, eval_every=cfg.eval_every, callbacks=[snapshot],
                            checkpoint_path=self.run_dir / "sac_checkpoint.pt", checkpoint_every=cfg.checkpoint_every,
                            resume=True, progress=self.progress)
         finally:
             env.close()
+        buffer = sac.replay_buffer_
+        if len(buffer) != cfg.sac_steps:
+            raise RuntimeError(f"SAC's replay buffer holds {len(buffer)} transitions after a {cfg.sac_steps}-step run; "
+                               f"medium-replay needs all of them (rebuild with force=True)")
+        with atomic_write_path(self.replay_path) as tmp:
+            torch.save(buffer.state_dict(), tmp)
         state["trained"] = True
         state["device"] = str(sac.device_)
         self.save_state(state)
@@ -768,7 +635,7 @@ class _Builder:
         learning_starts = int(self.cfg.sac_params["learning_starts"])
         records = []
         for path in sorted((self.run_dir / "snapshots").glob("step_*.json")):
-            record = _read_json(path)
+            record = read_json(path)
             if learning_starts < record["step"] <= self.cfg.sac_steps and self.snapshot_path(record["step"]).exists():
                 records.append(record)
         if not records:
@@ -781,7 +648,6 @@ class _Builder:
         if key in state:
             return
         import offrl
-        from offrl.algos.sac import episode_seed
         from offrl.evaluation import evaluate_policy
 
         if cfg.expert == "best":  # first snapshot with the highest evaluation return
@@ -812,7 +678,7 @@ class _Builder:
                 f"the {cfg.expert} SAC policy of {cfg.target.env_id} (return {ref_max:.2f}) is no better than the random "
                 f"policy ({ref_min:.2f}) after {cfg.sac_steps:,} SAC steps, so normalised scores and a medium policy are "
                 f"undefined; increase sac_steps (the default for {cfg.target.env} is "
-                f"{BUILD_DEFAULTS.get(_normalise_env(cfg.target.env), _GENERIC_DEFAULTS)['sac_steps']:,})"
+                f"{cfg.request.default_sac_steps:,})"
             )
         records = [dict(r, score=100.0 * (r["return_mean"] - ref_min) / (ref_max - ref_min))
                    for r in self.snapshot_records() if r["step"] < expert_step]
@@ -856,14 +722,13 @@ class _Builder:
             return self.pool.collect(act, cfg.n_transitions, cfg.n_envs, cfg.seed, _COLLECT * 10 + stream, self.spec,
                                      self.progress, f"collect {kind}")
         if kind == "medium-replay":
-            from offrl.online.replay import ReplayBuffer
-
-            payload = torch.load(self.run_dir / "sac_checkpoint.pt", map_location="cpu", weights_only=True)
-            buffer = ReplayBuffer.from_state_dict(payload["online_checkpoint"]["replay_buffer"])
+            buffer = ReplayBuffer.from_state_dict(torch.load(self.replay_path, map_location="cpu", weights_only=True))
             step = state[cfg.key("medium")]["step"]
             ds = buffer.to_dataset(0, step, action_low=self.spec["action_low"], action_high=self.spec["action_high"])
-            last = buffer.chronological_rows()[step - 1]
-            ended = bool(buffer.columns["terminals"][last] > 0 or buffer.columns["timeouts"][last] > 0)
+            # Did the medium step end an episode?  The row's own flags, read where it is not the slice's last row
+            # (the medium snapshot precedes the expert's, so a next row always exists).
+            after = buffer.to_dataset(step - 1, step + 1)
+            ended = after.n_transitions == 2 and bool(after.terminals[0] > 0 or after.timeouts[0] > 0)
             ds.metadata["cut_episodes"] = [] if ended else [ds.n_episodes - 1]
             return ds
         if kind == "medium-expert":
@@ -877,7 +742,7 @@ class _Builder:
         from offrl.datasets.minari import load_minari
 
         ds = load_minari(self.cfg.dataset_id(kind), data_path=self.data_dir)
-        meta = _built_metadata(self.data_dir, self.cfg.dataset_id(kind)) or {}
+        meta = read_metadata(self.data_dir, self.cfg.dataset_id(kind)) or {}
         ds.metadata["cut_episodes"] = meta.get("offrl_build", {}).get("cut_episodes", [])
         return ds
 
@@ -906,18 +771,18 @@ class _Builder:
             **_summary(ds, ref_min, ref_max),
         }
         description = (
-            f"offrl.datasets.build: {kind} data on {cfg.target.env_id} (D4RL recipe), SAC seed {cfg.seed}, "
+            f"offrl.builder: {kind} data on {cfg.target.env_id} (D4RL recipe), SAC seed {cfg.seed}, "
             f"{cfg.sac_steps} SAC steps, medium = SAC step {medium['step']}, expert = SAC step "
             f"{expert['step']} ({cfg.expert}); actions sampled from the "
             "behaviour policy, whose log-probabilities are in the step info 'action_log_probs'"
         )
         tmp_root = self.data_dir / ".tmp" / f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        final = _dataset_dir(self.data_dir, dataset_id)
+        final = dataset_path(self.data_dir, dataset_id)
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # minari's notes about eval_env / spaces
                 md = to_minari(ds, dataset_id, env=cfg.target.env_id, ref_min_score=ref_min, ref_max_score=ref_max,
-                               data_path=tmp_root, description=description, algorithm_name="offrl SAC (datasets.build)",
+                               data_path=tmp_root, description=description, algorithm_name="offrl SAC (offrl.builder)",
                                eval_env=cfg.target.env_id)
                 md.storage.update_metadata({"offrl_build": info})
             del md
@@ -925,14 +790,14 @@ class _Builder:
             _ensure_namespaces(self.data_dir, cfg.namespace())
             if final.exists():
                 shutil.rmtree(final)
-            os.rename(_dataset_dir(tmp_root, dataset_id), final)
+            os.rename(dataset_path(tmp_root, dataset_id), final)
         finally:
             shutil.rmtree(tmp_root, ignore_errors=True)
         info["path"] = str(final)
         return info
 
 
-def run_build(
+def build(
     name: str,
     n_transitions: int | None = None,
     seed: int = 0,
@@ -948,19 +813,43 @@ def run_build(
     data_dir: str | os.PathLike | None = None,
     device: str = "auto",
     force: bool = False,
+    rebuild_stale: bool = False,
     progress: bool = True,
     threads: int | None = 1,
     expert: str = "final",
 ) -> BuildReport:
-    """Build (or find cached) the dataset(s) `name` and report what was made; see `build`."""
-    from offrl.datasets import offrl_data_dir
+    """Build the D4RL-style dataset(s) `name` on a gymnasium env (those already built are kept) and report.
 
+    `name` is `<env>-<kind>-v<env version>` (e.g. `"hopper-medium-v5"`,
+    `"pendulum-medium-replay-v1"`); the kind `*` builds all five.  Budgets
+    default per env (`offrl.datasets.built.BUILD_DEFAULTS`): `sac_steps` SAC
+    environment steps and `n_transitions` per collected kind (medium-replay
+    holds the run's first `medium step` transitions, medium-expert twice
+    `n_transitions`).  `eval_every` is the snapshot interval,
+    `eval_episodes` the episodes per snapshot evaluation and `ref_episodes`
+    those of the reference scores.  `sac_params` overrides SAC
+    hyper-parameters (e.g. `{"learning_starts": 1000}`), `n_envs` is the
+    number of envs stepped together during collection, `env_id` an explicit
+    gymnasium id.  The same name, seed and budget give the same data on
+    the same machine; an interrupted build resumes where it stopped.
+    A cached build made with another configuration (e.g. after a SAC
+    default changed) raises ValueError naming the differences, unless
+    `force=True` (rebuild everything of this variant from scratch) or
+    `rebuild_stale=True` (rebuild only then).  `threads` sets torch's CPU
+    threads during the build (1 by default: SAC's small networks gain
+    little from more, lose a lot on a busy machine, and a fixed count keeps
+    results reproducible).  `expert="best"` makes the best evaluated
+    snapshot the expert (reference score, expert data, and the medium
+    snapshot chosen before it) instead of D4RL's final policy: for short
+    budgets whose last policy has fallen back.  It reuses the same SAC run
+    and is cached under its own ids (`...-best`).
+    """
     start = time.perf_counter()
-    target = parse_name(name, env_id)
-    cfg = _make_config(target, n_transitions=n_transitions, seed=seed, sac_steps=sac_steps, eval_every=eval_every,
+    cfg = _make_config(name, n_transitions=n_transitions, seed=seed, sac_steps=sac_steps, eval_every=eval_every,
                        eval_episodes=eval_episodes, ref_episodes=ref_episodes, sac_params=sac_params, n_envs=n_envs,
-                       checkpoint_every=checkpoint_every, device=device, expert=expert)
-    root = Path(data_dir).expanduser() if data_dir is not None else offrl_data_dir()
+                       checkpoint_every=checkpoint_every, device=device, expert=expert, env_id=env_id)
+    target = cfg.target
+    root = data_root(data_dir)
     spec = _check_env(target.env_id)  # unknown deps, discrete actions: fail before touching the disk
     builder = _Builder(cfg, root, progress)
     builder.spec = spec
@@ -973,22 +862,21 @@ def run_build(
         finally:
             timings[stage] = timings.get(stage, 0.0) + time.perf_counter() - t0
 
-    with _locked(builder.run_dir, f"{target.env_key} ({cfg.run_variant})"), _torch_threads(threads):
-        if force:
-            shutil.rmtree(_dataset_dir(root, cfg.namespace()), ignore_errors=True)
-            for path in builder.run_dir.iterdir():
-                if path.name != "lock":
-                    shutil.rmtree(path) if path.is_dir() else path.unlink()
+    with _locked(builder.run_dir, f"{target.env_key} ({cfg.request.run_variant})"), _torch_threads(threads):
+        stale = [] if force else builder.stale(target.kinds)
+        if stale and not rebuild_stale:
+            raise ValueError(f"cached build(s) made with a different configuration: {'; '.join(stale)}. Pass "
+                             "force=True (`offrl datasets build ... --force`) to rebuild them")
+        if force or stale:
+            builder.log("rebuilding: " + ("force=True" if force else "; ".join(stale)))
+            builder.wipe()
         _clean_stale_tmp(root)
         datasets: dict[str, dict[str, Any]] = {}
         todo = []
         for kind in target.kinds:
-            meta = _built_metadata(root, cfg.dataset_id(kind))
-            if meta is not None and meta.get("offrl_build", {}).get("config") == cfg.data_config():
-                datasets[kind] = {**meta["offrl_build"], "path": str(_dataset_dir(root, cfg.dataset_id(kind)))}
-            elif meta is not None:
-                raise ValueError(f"{_dataset_dir(root, cfg.dataset_id(kind))} was built with a different configuration; "
-                                 "pass force=True to rebuild it")
+            meta = read_metadata(root, cfg.dataset_id(kind))
+            if meta is not None:  # `stale` found its config to be this one's
+                datasets[kind] = {**meta["offrl_build"], "path": str(dataset_path(root, cfg.dataset_id(kind)))}
             else:
                 todo.append(kind)
         state = builder.load_state()
@@ -1028,7 +916,7 @@ def run_build(
     )
 
 
-def build(
+def load_or_build(
     name: str,
     n_transitions: int | None = None,
     seed: int = 0,
@@ -1048,147 +936,19 @@ def build(
     threads: int | None = 1,
     expert: str = "final",
 ) -> Dataset | dict[str, Dataset]:
-    """Build a D4RL-style dataset on a gymnasium env and return it (cached after the first build).
+    """The dataset `name` (a dict kind -> Dataset for the kind `*`), built first if it is not yet.
 
-    `name` is `<env>-<kind>-v<env version>` (e.g. `"hopper-medium-v5"`,
-    `"pendulum-medium-replay-v1"`); the kind `*` builds all five and returns
-    a dict kind -> Dataset.  Budgets default per env (`BUILD_DEFAULTS`):
-    `sac_steps` SAC environment steps and `n_transitions` per collected kind
-    (medium-replay holds the run's first `medium step` transitions,
-    medium-expert twice `n_transitions`).  `eval_every` is the snapshot
-    interval, `eval_episodes` the episodes per snapshot evaluation and
-    `ref_episodes` those of the reference scores.  `sac_params` overrides
-    SAC hyper-parameters (e.g. `{"learning_starts": 1000}`), `n_envs` is the
-    number of envs stepped together during collection, `env_id` an explicit
-    gymnasium id.  The same name, seed and budget give the same data on
-    the same machine; an interrupted build resumes where it stopped.
-    `force=True` rebuilds.  `threads` sets torch's CPU threads during the
-    build (1 by default: SAC's small networks gain little from more, lose a
-    lot on a busy machine, and a fixed count keeps results reproducible).
-    `expert="best"` makes the best evaluated snapshot the expert (reference
-    score, expert data, and the medium snapshot chosen before it) instead of
-    D4RL's final policy: for short budgets whose last policy has fallen back.
-    It reuses the same SAC run and is cached under its own ids (`...-best`).
+    Takes `build`'s arguments.  A cached dataset made with another
+    configuration is rebuilt (`build(..., rebuild_stale=True)`); one that
+    is current is loaded as `offrl.datasets.load("offrl:<name>", ...)` would.
     """
-    report = run_build(name, n_transitions, seed, sac_steps=sac_steps, eval_every=eval_every, eval_episodes=eval_episodes,
-                       ref_episodes=ref_episodes, sac_params=sac_params, n_envs=n_envs, checkpoint_every=checkpoint_every,
-                       env_id=env_id, data_dir=data_dir, device=device, force=force, progress=progress, threads=threads,
-                       expert=expert)
-    kwargs = dict(seed=seed, n_transitions=n_transitions, sac_steps=sac_steps, eval_every=eval_every,
+    report = build(name, n_transitions, seed, sac_steps=sac_steps, eval_every=eval_every, eval_episodes=eval_episodes,
+                   ref_episodes=ref_episodes, sac_params=sac_params, n_envs=n_envs, checkpoint_every=checkpoint_every,
+                   env_id=env_id, data_dir=data_dir, device=device, force=force, rebuild_stale=True,
+                   progress=progress, threads=threads, expert=expert)
+    target = parse_name(name, env_id)
+    budget = dict(seed=seed, n_transitions=n_transitions, sac_steps=sac_steps, eval_every=eval_every,
                   eval_episodes=eval_episodes, ref_episodes=ref_episodes, sac_params=sac_params, n_envs=n_envs,
                   env_id=env_id, data_dir=data_dir, expert=expert)
-    target = parse_name(name, env_id)
-    loaded = {kind: load_built(target.dataset_name(kind), **kwargs) for kind in report.datasets}
+    loaded = {kind: load_built(target.dataset_name(kind), **budget) for kind in report.datasets}
     return loaded if len(target.kinds) > 1 else loaded[target.kinds[0]]
-
-
-def load_built(
-    name: str,
-    build: bool = False,
-    *,
-    seed: int = 0,
-    n_transitions: int | None = None,
-    sac_steps: int | None = None,
-    data_dir: str | os.PathLike | None = None,
-    env_id: str | None = None,
-    **build_kwargs: Any,
-) -> Dataset:
-    """Load a dataset made by `build` (`offrl.datasets.load("offrl:<name>")`); with `build=True` build it if missing."""
-    from offrl.datasets import offrl_data_dir
-    from offrl.datasets.minari import load_minari
-
-    target = parse_name(name, env_id)
-    if len(target.kinds) != 1:
-        raise ValueError(f"{name!r} names several kinds; load one, e.g. {target.dataset_name('medium')!r}")
-    config_kwargs = {k: build_kwargs[k] for k in ("eval_every", "eval_episodes", "ref_episodes", "sac_params", "n_envs",
-                                                  "expert") if k in build_kwargs}
-    config_kwargs.setdefault("eval_every", None)
-    config_kwargs.setdefault("eval_episodes", DEFAULT_EVAL_EPISODES)
-    config_kwargs.setdefault("ref_episodes", DEFAULT_REF_EPISODES)
-    config_kwargs.setdefault("sac_params", None)
-    config_kwargs.setdefault("n_envs", DEFAULT_N_ENVS)
-    cfg = _make_config(target, n_transitions=n_transitions, seed=seed, sac_steps=sac_steps, checkpoint_every=None,
-                       device=build_kwargs.get("device", "auto"), **config_kwargs)
-    root = Path(data_dir).expanduser() if data_dir is not None else offrl_data_dir()
-    kind = target.kinds[0]
-    dataset_id = cfg.dataset_id(kind)
-    meta = _built_metadata(root, dataset_id)
-    if meta is None or meta.get("offrl_build", {}).get("config") != cfg.data_config():
-        if not build:
-            what = "was built with a different configuration" if meta is not None else "has not been built"
-            flags = "".join(f" --{flag} {value}" for flag, value in (("seed", seed), ("sac-steps", sac_steps),
-                                                                     ("transitions", n_transitions),
-                                                                     ("expert", cfg.expert if cfg.expert != "final" else None))
-                            if value)
-            raise FileNotFoundError(
-                f"offrl dataset {name!r} (seed {seed}, {cfg.sac_steps:,} SAC steps, {cfg.n_transitions:,} transitions) "
-                f"{what} under {root}; build it with `offrl datasets build {name}{flags}` "
-                f"or load('offrl:{name}', build=True)"
-            )
-        build_kwargs["force"] = build_kwargs.get("force", False) or meta is not None
-        run_build(name, n_transitions, seed, sac_steps=sac_steps, env_id=env_id, data_dir=root, **build_kwargs)
-        meta = _built_metadata(root, dataset_id)
-    ds = load_minari(dataset_id, data_path=root)
-    info = meta["offrl_build"]
-    ds.metadata.update({
-        "name": target.name,
-        "source": f"offrl:{target.name}",
-        "minari_id": dataset_id,
-        "path": str(_dataset_dir(root, dataset_id)),
-        "kind": kind,
-        "seed": seed,
-        "sac_steps": cfg.sac_steps,
-        "medium_step": info["medium_step"],
-        "cut_episodes": list(info.get("cut_episodes", [])),
-    })
-    if info.get("behavior_policy"):
-        ds.metadata["behavior_policy"] = info["behavior_policy"]
-    return ds
-
-
-# ---------------------------------------------------------------------- listing
-class _CallableModule(types.ModuleType):
-    """`offrl.datasets.build` is this module and also the `build` function: `offrl.datasets.build("hopper-medium-v5")`."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Dataset | dict[str, Dataset]:
-        return build(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
-
-
-def known_datasets() -> list[dict[str, Any]]:
-    """The env names `build` maps, with their gymnasium ids and default budgets."""
-    import gymnasium as gym
-
-    rows = []
-    for short, base in ENV_IDS.items():
-        versions = [s.version for s in gym.registry.values() if s.name == base and s.namespace is None and s.version is not None]
-        if not versions:
-            continue
-        version = max(versions)
-        defaults = BUILD_DEFAULTS.get(short, _GENERIC_DEFAULTS)
-        rows.append({"name": f"{short}-<kind>-v{version}", "env_id": f"{base}-v{version}",
-                     "sac_steps": defaults["sac_steps"], "n_transitions": defaults["n_transitions"]})
-    return rows
-
-
-def list_built(data_dir: str | os.PathLike | None = None) -> list[dict[str, Any]]:
-    """Datasets built under `data_dir` (default `$OFFRL_DATA_DIR`), read from their Minari metadata."""
-    from offrl.datasets import offrl_data_dir
-
-    root = Path(data_dir).expanduser() if data_dir is not None else offrl_data_dir()
-    rows = []
-    base = root / NAMESPACE
-    if not base.is_dir():
-        return rows
-    for metadata_path in sorted(base.glob("**/data/metadata.json")):
-        if any(part.startswith(".") for part in metadata_path.relative_to(root).parts):
-            continue
-        try:
-            info = _read_json(metadata_path).get("offrl_build")
-        except (OSError, ValueError):
-            continue
-        if info:
-            rows.append({**info, "path": str(metadata_path.parent.parent)})
-    return rows
