@@ -17,7 +17,7 @@ import yaml
 
 from offrl import Dataset
 from offrl.cli import main as cli_main
-from offrl.report import stratified_bootstrap_iqm, iqm, write_report
+from offrl.report import stratified_bootstrap_iqm, iqm
 from offrl.sweep import ConfigError, load_config, parse_config, run_sweep
 
 COMPARE = ["dataset", "variant", "seed", "status", "final_return", "best_return", "final_score", "best_score"]
