@@ -19,33 +19,12 @@ import offrl
 from offrl.algos import BC, IQL, TD3PlusBC
 from offrl.algos.base import TrainingDivergedError, resolve_device
 from offrl.datasets import Dataset
+from conftest import pendulum_shaped_dataset
 
 SMALL = dict(hidden_dims=(32, 32), batch_size=32)
 
 
-def pendulum_shaped_dataset(n_episodes: int = 8, length: int = 50, seed: int = 0) -> Dataset:
-    """Random transitions shaped like Pendulum-v1 (3-d observations, one action in [-2, 2])."""
-    rng = np.random.default_rng(seed)
-    episodes = []
-    for _ in range(n_episodes):
-        theta = rng.uniform(-np.pi, np.pi, size=length + 1)
-        obs = np.stack([np.cos(theta), np.sin(theta), rng.uniform(-8, 8, size=length + 1)], axis=1)
-        actions = rng.uniform(-2, 2, size=(length, 1))
-        rewards = -(theta[:-1] ** 2) - 0.001 * actions[:, 0] ** 2
-        episodes.append({"observations": obs, "actions": actions, "rewards": rewards,
-                         "truncations": [False] * (length - 1) + [True]})
-    return Dataset.from_episodes(episodes, action_low=-2.0, action_high=2.0,
-                                 metadata={"name": "pendulum-toy", "env_id": "Pendulum-v1",
-                                           "ref_min_score": -1500.0, "ref_max_score": -150.0})
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny networks gain nothing from more threads, and a shared CPU punishes OpenMP spinning."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

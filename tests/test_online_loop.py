@@ -10,9 +10,10 @@ import torch
 from offrl.algos import BC, IQL, SAC, CalQL, TD3PlusBC
 from offrl.online import OnlineStrategy, ReplayBuffer
 from offrl.online.loop import make_envs
-from tests.test_learning import pendulum_mixed_dataset
+from test_learning import pendulum_mixed_dataset
 
 SMALL = dict(hidden_dims=(32, 32), batch_size=32)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -18,22 +18,9 @@ from offrl.datasets import Dataset
 from offrl.datasets.transformers import DatasetTransformer, PotentialShaping, RewardScaler, is_fitted_estimator
 from offrl.pipeline import Pipeline, make_pipeline
 from offrl.serialization import MODEL_FORMAT_VERSION, _json, model_payload
+from conftest import pendulum_shaped_dataset
 
 SMALL = dict(hidden_dims=(32, 32), batch_size=32, device="cpu")
-
-
-def pendulum_shaped_dataset(n_episodes: int = 6, length: int = 40, seed: int = 0) -> Dataset:
-    """Random transitions shaped like Pendulum-v1 (3-d observations, one action in [-2, 2])."""
-    rng = np.random.default_rng(seed)
-    episodes = []
-    for _ in range(n_episodes):
-        theta = rng.uniform(-np.pi, np.pi, size=length + 1)
-        obs = np.stack([np.cos(theta), np.sin(theta), rng.uniform(-8, 8, size=length + 1)], axis=1)
-        actions = rng.uniform(-2, 2, size=(length, 1))
-        episodes.append({"observations": obs, "actions": actions, "rewards": -(theta[:-1] ** 2),
-                         "truncations": [False] * (length - 1) + [True]})
-    return Dataset.from_episodes(episodes, action_low=-2.0, action_high=2.0,
-                                 metadata={"name": "pendulum-toy", "env_id": "Pendulum-v1"})
 
 
 class OutsideLabeler(DatasetTransformer):
@@ -43,17 +30,12 @@ class OutsideLabeler(DatasetTransformer):
         return dataset
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
 def data() -> Dataset:
-    return pendulum_shaped_dataset()
+    return pendulum_shaped_dataset(n_episodes=6, length=40)
 
 
 @pytest.fixture(scope="module")
