@@ -121,7 +121,7 @@ def test_a_strategy_plugs_into_the_loop(pendulum_data):
 
 
 def test_fit_online_refuses_what_it_cannot_do(pendulum_data):
-    with pytest.raises(ValueError, match="no critic"):
+    with pytest.raises(ValueError, match="no policy and critic"):
         BC(**SMALL).fit(pendulum_data, n_steps=2, progress=False).fit_online("Pendulum-v1", 10, progress=False)
     algo = IQL(**SMALL).fit(pendulum_data, n_steps=2, progress=False)
     with pytest.raises(ValueError, match="strategy 'wsrl-typo' is unknown"):

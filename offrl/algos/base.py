@@ -565,9 +565,9 @@ class OfflineAlgorithm(BaseEstimator):
         from offrl.online.loop import FINE_TUNING_NAMES, OnlineStrategy, make_envs, run_online
 
         self._check_fitted()
-        if not self.has_critic:
-            raise ValueError(f"{type(self).__name__} has no critic to continue online; fine-tune an algorithm with one "
-                             "(TD3PlusBC, IQL, CQL, CalQL)")
+        if not (self.has_critic and isinstance(getattr(self, "policy_", None), nn.Module)):
+            raise ValueError(f"{type(self).__name__} has no policy and critic to continue online; fine-tune an "
+                             "algorithm with both (TD3PlusBC, IQL, CQL, CalQL)")
         if isinstance(strategy, str):
             if strategy != "naive":
                 raise ValueError(f"strategy {strategy!r} is unknown; use 'naive' or an offrl.online.OnlineStrategy")
