@@ -225,3 +225,19 @@ def test_exported_policy_runs_without_offrl(data, tmp_path):
             "assert 'offrl' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=tmp_path, capture_output=True)
     np.testing.assert_allclose(np.load(tmp_path / "out.npy"), algo.predict(data.observations[:4]), rtol=1e-6, atol=1e-6)
+
+
+def test_fit_refuses_a_dataset_missing_a_label_it_learns_from(data):
+    unrewarded = data.without_rewards()
+    with pytest.raises(ValueError, match=r"IQL needs rewards.*with_rewards.*offrl.reward_labeling"):
+        IQL(**SMALL).fit(unrewarded, n_steps=1, progress=False)
+    partly = data.without_rewards(keep=np.arange(data.n_transitions) % 3 != 0)
+    with pytest.raises(ValueError, match="rewards"):
+        TD3PlusBC(**SMALL).fit(partly, n_steps=1, progress=False)
+    with pytest.raises(ValueError, match="actions"):
+        BC(**SMALL).fit(data.without_actions(), n_steps=1, progress=False)
+    # Behaviour cloning learns from actions alone: the same bits as with the rewards present.
+    with_rewards = BC(**SMALL, random_state=0).fit(data, n_steps=5, progress=False)
+    without = BC(**SMALL, random_state=0).fit(unrewarded, n_steps=5, progress=False)
+    obs = data.observations[:4]
+    np.testing.assert_array_equal(with_rewards.predict(obs), without.predict(obs))

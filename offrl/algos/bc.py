@@ -33,6 +33,7 @@ class BC(OfflineAlgorithm):
     """
 
     supports_discrete_actions = True
+    required_labels = ("actions",)  # behaviour cloning needs no rewards
 
     def __init__(
         self,
