@@ -1,4 +1,5 @@
-"""Layers point one way: the data layer (offrl.datasets) and the networks (offrl.nn) import nothing above them.
+"""Layers point one way: the data layer (offrl.datasets) and the networks (offrl.nn) import nothing above them,
+and the training core (monitor, online loop, replay buffer, roll-outs) imports no algorithm.
 
 Checked twice: in a fresh interpreter through `sys.modules` (what importing
 and loading really pulls in), and statically over every import statement of
@@ -145,12 +146,12 @@ def test_loading_every_other_spec_loads_no_algorithm(tmp_path):
 
 
 # ---------------------------------------------------------------------- static scan
-def imports_above(source: str, filename: str = "<source>") -> list[str]:
+def imports_above(source: str, filename: str = "<source>", forbidden: tuple[str, ...] = ABOVE) -> list[str]:
     """'line: module' for every import in `source` (anywhere, functions included) of a module in ABOVE,
     written as `import x`, `from x import y`, `from offrl import algos` or `importlib.import_module("x")`."""
 
     def above(module: str) -> bool:
-        return any(module == m or module.startswith(m + ".") for m in ABOVE)
+        return any(module == m or module.startswith(m + ".") for m in forbidden)
 
     found = []
     for node in ast.walk(ast.parse(source, filename)):
@@ -191,3 +192,16 @@ def test_no_low_layer_module_imports_a_higher_layer(package):
     bad = {str(path.relative_to(ROOT.parent)): found for path in files
            if (found := imports_above(path.read_text(), str(path)))}
     assert bad == {}, f"the {package} layer imports higher layers: {bad}"
+
+
+# The training core (the monitor, the online loop, the replay buffer, roll-outs) sits below the algorithms:
+# SAC and `OfflineAlgorithm.fit_online` run on it, so it may know estimators only through their methods.
+CORE_MODULES = ("monitor.py", "online/loop.py", "online/replay.py", "evaluation.py")
+ABOVE_CORE = ("offrl.algos", "offrl.ope", "offrl.sweep", "offrl.cli", "offrl.builder", "offrl.quickstart",
+              "offrl.report", "offrl.reward_labeling", "offrl.pipeline")
+
+
+@pytest.mark.parametrize("module", CORE_MODULES)
+def test_the_training_core_imports_no_algorithm(module):
+    path = ROOT / module
+    assert imports_above(path.read_text(), str(path), ABOVE_CORE) == []
