@@ -51,7 +51,6 @@ import torch
 
 from offrl.algos.sac import SAC, episode_seed
 from offrl.datasets.built import (
-    DATASET_VERSION,
     DEFAULT_EVAL_EPISODES,
     DEFAULT_N_ENVS,
     DEFAULT_REF_EPISODES,
@@ -142,20 +141,11 @@ class _Config:
 
     def run_config(self) -> dict[str, Any]:
         """Everything that determines the SAC run (and so the snapshots and reference scores): the run's key."""
-        return {
-            "version": DATASET_VERSION,
-            "env_id": self.target.env_id,
-            "seed": self.seed,
-            "sac_steps": self.sac_steps,
-            "eval_every": self.eval_every,
-            "eval_episodes": self.eval_episodes,
-            "ref_episodes": self.ref_episodes,
-            "sac_params": self.sac_params,
-        }
+        return {**self.request.run_fields(), "sac_params": self.sac_params}
 
     def data_config(self) -> dict[str, Any]:
         """The run's key and the collection settings: a dataset's key."""
-        return {**self.run_config(), "n_transitions": self.n_transitions, "n_envs": self.n_envs, "expert": self.expert}
+        return {**self.run_config(), **self.request.collection_fields()}
 
     def key(self, name: str) -> str:
         """The run-state key (and policy file stem) of 'expert' / 'medium' for this expert choice: one SAC run

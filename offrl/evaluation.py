@@ -10,6 +10,7 @@ mid-episode) keeps that state in its own Actor (`estimator.make_actor()`).
 
 from __future__ import annotations
 
+import abc
 import math
 from typing import Any, Callable, Mapping
 
@@ -18,7 +19,7 @@ import numpy as np
 __all__ = ["evaluate_policy", "make_env", "Actor", "FunctionActor", "as_actor"]
 
 
-class Actor:
+class Actor(abc.ABC):
     """The stateful acting interface of evaluation and OPE roll-outs.
 
     `reset(n_envs)` starts `n_envs` parallel episodes; `act(observations,
@@ -30,13 +31,14 @@ class Actor:
     """
 
     def reset(self, n_envs: int) -> None:
-        pass
+        """Start `n_envs` episodes; an actor without context has nothing to clear."""
 
+    @abc.abstractmethod
     def act(self, observations: np.ndarray, timesteps: np.ndarray) -> np.ndarray:
-        raise NotImplementedError
+        """Actions (n_envs, ...) for observations (n_envs, obs_dim) at each env's step within its episode."""
 
     def observe(self, rewards: np.ndarray, episode_over: np.ndarray) -> None:
-        pass
+        """Take the step's rewards and episode ends; an actor without context keeps none of it."""
 
 
 class FunctionActor(Actor):

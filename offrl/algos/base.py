@@ -74,10 +74,8 @@ def make_adam(params: Iterable[torch.Tensor], lr: float, device: torch.device | 
     if kernel not in ("fused", "foreach"):
         raise ValueError(f"kernel must be 'fused' or 'foreach', got {kernel!r}")
     if kernel == "fused":
-        try:
+        with contextlib.suppress(RuntimeError, TypeError, ValueError):  # older torch / unsupported device: foreach
             return torch.optim.Adam(params, lr=lr, fused=True, **kwargs)
-        except (RuntimeError, TypeError, ValueError):  # older torch / unsupported device: fall back to foreach
-            pass
     return torch.optim.Adam(params, lr=lr, foreach=device.type != "mps", **kwargs)
 
 

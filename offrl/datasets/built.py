@@ -276,9 +276,9 @@ class BuildRequest:
         """The directory of the SAC run shared by every kind (and by both expert choices)."""
         return root / ".builds" / f"v{DATASET_VERSION}" / self.target.env_key / self.run_variant
 
-    def mismatches(self, config: Mapping[str, Any]) -> list[str]:
-        """The fields of a stored build configuration that differ from this request (empty: it is this request's)."""
-        expected = {
+    def run_fields(self) -> dict[str, Any]:
+        """What determines the SAC run besides SAC's own configuration (the builder adds `sac_params`)."""
+        return {
             "version": DATASET_VERSION,
             "env_id": self.target.env_id,
             "seed": self.seed,
@@ -286,10 +286,15 @@ class BuildRequest:
             "eval_every": self.eval_every,
             "eval_episodes": self.eval_episodes,
             "ref_episodes": self.ref_episodes,
-            "n_transitions": self.n_transitions,
-            "n_envs": self.n_envs,
-            "expert": self.expert,
         }
+
+    def collection_fields(self) -> dict[str, Any]:
+        """What determines the collected datasets beyond the run."""
+        return {"n_transitions": self.n_transitions, "n_envs": self.n_envs, "expert": self.expert}
+
+    def mismatches(self, config: Mapping[str, Any]) -> list[str]:
+        """The fields of a stored build configuration that differ from this request (empty: it is this request's)."""
+        expected = {**self.run_fields(), **self.collection_fields()}
         diffs = [f"{k} {config.get(k)!r} (asked {v!r})" for k, v in expected.items() if config.get(k) != v]
         stored = config.get("sac_params") or {}
         diffs += [f"sac_params.{k} {stored.get(k, '<absent>')!r} (asked {v!r})"
@@ -406,55 +411,42 @@ def read_metadata(root: Path, dataset_id: str) -> dict[str, Any] | None:
         return None
 
 
-def built_record(name: str, *, data_dir: str | os.PathLike | None = None, **budget: Any) -> dict[str, Any] | None:
-    """The build record (`offrl_build` metadata, with its `path`) of one built dataset, or None if it is not
-    built with this budget.  `budget` takes `resolve`'s arguments."""
+def _lookup(name: str, data_dir: str | os.PathLike | None, budget: Mapping[str, Any], verb: str
+            ) -> tuple[BuildRequest, Path, str, dict[str, Any] | None, list[str]]:
+    """The request for one kind, the data root, its dataset id, its build record (None if not built) and how the
+    record's configuration differs from the request (empty: it is this request's)."""
     request = resolve(name, **budget)
     if len(request.target.kinds) != 1:
-        raise ValueError(f"{name!r} names several kinds; ask for one, e.g. {request.target.dataset_name('medium')!r}")
+        raise ValueError(f"{name!r} names several kinds; {verb} one, e.g. {request.target.dataset_name('medium')!r}")
     root = data_root(data_dir)
     dataset_id = request.dataset_id(request.target.kinds[0])
     info = (read_metadata(root, dataset_id) or {}).get("offrl_build")
-    if not info or request.mismatches(info.get("config", {})):
+    problems = request.mismatches(info.get("config", {})) if info else []
+    return request, root, dataset_id, info, problems
+
+
+def built_record(name: str, *, data_dir: str | os.PathLike | None = None, **budget: Any) -> dict[str, Any] | None:
+    """The build record (`offrl_build` metadata, with its `path`) of one built dataset, or None if it is not
+    built with this budget.  `budget` takes `resolve`'s arguments."""
+    _, root, dataset_id, info, problems = _lookup(name, data_dir, budget, "ask for")
+    if not info or problems:
         return None
     return {**info, "path": str(dataset_path(root, dataset_id))}
 
 
-def load_built(
-    name: str,
-    *,
-    seed: int = 0,
-    n_transitions: int | None = None,
-    sac_steps: int | None = None,
-    eval_every: int | None = None,
-    eval_episodes: int = DEFAULT_EVAL_EPISODES,
-    ref_episodes: int = DEFAULT_REF_EPISODES,
-    sac_params: Mapping[str, Any] | None = None,
-    n_envs: int = DEFAULT_N_ENVS,
-    expert: str = "final",
-    env_id: str | None = None,
-    data_dir: str | os.PathLike | None = None,
-) -> Dataset:
+def load_built(name: str, *, data_dir: str | os.PathLike | None = None, **budget: Any) -> Dataset:
     """Load a dataset that `offrl.builder` built (`offrl.datasets.load("offrl:<name>")`); it never builds.
 
-    The budget arguments are those the dataset was built with (defaults:
-    the env's default budget).  A dataset that is not built, or was built
-    with another budget, raises FileNotFoundError saying how to build it.
+    `budget` takes `resolve`'s arguments (seed, n_transitions, sac_steps, eval_every, eval_episodes,
+    ref_episodes, sac_params, n_envs, expert, env_id): those the dataset was built with (defaults: the
+    env's default budget).  A dataset that is not built, or was built with another budget, raises
+    FileNotFoundError saying how to build it.
     """
     from offrl.datasets.minari import load_minari
 
-    request = resolve(name, seed=seed, n_transitions=n_transitions, sac_steps=sac_steps, eval_every=eval_every,
-                      eval_episodes=eval_episodes, ref_episodes=ref_episodes, sac_params=sac_params, n_envs=n_envs,
-                      expert=expert, env_id=env_id)
+    request, root, dataset_id, info, problems = _lookup(name, data_dir, budget, "load")
     target = request.target
-    if len(target.kinds) != 1:
-        raise ValueError(f"{name!r} names several kinds; load one, e.g. {target.dataset_name('medium')!r}")
     kind = target.kinds[0]
-    root = data_root(data_dir)
-    dataset_id = request.dataset_id(kind)
-    meta = read_metadata(root, dataset_id)
-    info = (meta or {}).get("offrl_build")
-    problems = request.mismatches(info.get("config", {})) if info else []
     if not info or problems:
         what = f"was built with a different configuration ({'; '.join(problems)})" if info else "has not been built"
         command = request.build_command()

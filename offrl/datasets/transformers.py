@@ -71,10 +71,8 @@ def clone_keeping_fitted_params(estimator: Any) -> Any:
         for name, value in params.items()
     }
     new = klass(**new_params)
-    try:
+    if hasattr(estimator, "_metadata_request"):
         new._metadata_request = sklearn.base.clone(estimator._metadata_request)
-    except AttributeError:
-        pass
     if hasattr(estimator, "_skl_callbacks"):
         new._skl_callbacks = estimator._skl_callbacks
     set_params = new.get_params(deep=False)

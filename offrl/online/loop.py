@@ -114,10 +114,11 @@ class OnlineStrategy:
         return buffer.sample(batch_size, generator)
 
     def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint must keep of the strategy (its parameters are rebuilt by the caller): none here."""
         return {}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        pass
+        """Restore `state_dict()`'s output; the naive strategy keeps no state to restore."""
 
 
 @dataclass(frozen=True)
