@@ -36,6 +36,8 @@ from offrl.datasets.core import Batch, Dataset, atomic_write_path
 from offrl.datasets.samplers import TransitionSampler
 from offrl.datasets.transformers import clone_keeping_fitted_params
 from offrl.nn import DeterministicPolicy
+from offrl.algos.params import (boolean, check_params, choice, compile_option, device_name, integer, layer_sizes, real,
+                                seed)
 from offrl.monitor import TrainingDivergedError, TrainingMonitor, read_checkpoint, write_checkpoint
 
 __all__ = [
@@ -110,8 +112,30 @@ class _ExportedPolicy(nn.Module):
         return self.actor(self.normalizer(obs))
 
 
+_POSITIVE = real(0, None, closed="neither")
+_FRACTION = real(0, 1, closed="right")
+
+
 class BaseEstimator(sklearn.base.BaseEstimator):
-    """scikit-learn estimator shell shared by offline and online algorithms."""
+    """scikit-learn estimator shell shared by offline and online algorithms.
+
+    `_param_rules` declares every hyper-parameter's type and range
+    (`offrl.algos.params`); `check_params()` applies them, at the start of
+    `fit` and before a sweep runs anything.
+    """
+
+    _param_rules = {
+        "hidden_dims": layer_sizes(), "lr": _POSITIVE, "actor_lr": _POSITIVE, "critic_lr": _POSITIVE,
+        "value_lr": _POSITIVE, "alpha_lr": _POSITIVE, "batch_size": integer(1), "gamma": real(0, 1),
+        "tau": _FRACTION, "n_steps": integer(0), "normalize_observations": boolean(), "reward_scale": real(),
+        "reward_bias": real(), "reward_normalization": choice(None, "return_range", "none"),
+        "precision": choice(*PRECISIONS), "compile": compile_option(), "log_every": integer(1),
+        "device": device_name(), "random_state": seed(),
+    }
+
+    def check_params(self) -> None:
+        """Raise `InvalidParameterError` naming the first hyper-parameter of the wrong type or out of range."""
+        check_params(self)
 
     # ------------------------------------------------------------------ hooks
     def _build(self, spec: dict[str, Any]) -> None:
@@ -441,6 +465,8 @@ class OfflineAlgorithm(BaseEstimator):
 
         from offrl.datasets import load as load_dataset
 
+        self.check_params()
+
         if isinstance(dataset, (str, os.PathLike)):
             dataset = load_dataset(dataset)
         if not isinstance(dataset, Dataset):
@@ -560,6 +586,8 @@ class OfflineAlgorithm(BaseEstimator):
         interrupted run exactly.
         """
         from offrl.datasets import load as load_dataset
+
+        self.check_params()
         from offrl.online.loop import FINE_TUNING_NAMES, OnlineStrategy, make_envs, run_online
 
         self._check_fitted()

@@ -13,6 +13,7 @@ import torch
 from torch.nn import functional as F
 
 from offrl.algos.base import OfflineAlgorithm, make_adam
+from offrl.algos.params import choice
 from offrl.algos.losses import mse_bc_loss
 from offrl.datasets.core import Batch
 from offrl.nn import MLP, DeterministicPolicy, TanhGaussianPolicy
@@ -34,6 +35,7 @@ class BC(OfflineAlgorithm):
 
     supports_discrete_actions = True
     required_labels = ("actions",)  # behaviour cloning needs no rewards
+    _param_rules = {"policy": choice("deterministic", "gaussian")}
 
     def __init__(
         self,

@@ -35,6 +35,7 @@ import torch
 from torch.func import functional_call
 
 from offrl.algos.base import OfflineAlgorithm, make_adam
+from offrl.algos.params import boolean, integer, real
 from offrl.algos.losses import LearnedScale, critic_td_loss, sac_actor_loss, temperature_loss
 from offrl.datasets.core import Batch, Dataset
 from offrl.nn import QEnsemble, TanhGaussianPolicy, soft_update_
@@ -76,6 +77,16 @@ def calql_mc_returns(dataset: Dataset, rewards: np.ndarray, gamma: float, sparse
 
 class CQL(OfflineAlgorithm):
     """Conservative Q-learning (SAC-based, continuous actions); `lagrange=True` for the Lagrange variant."""
+
+    _param_rules = {
+        "cql_alpha": real(0, None), "n_action_samples": integer(1), "cql_temperature": real(0, None, closed="neither"),
+        "importance_sampling": boolean(), "lagrange": boolean(), "target_action_gap": real(),
+        "cql_clip_diff_min": real(none=True, infinite=True), "cql_clip_diff_max": real(none=True, infinite=True),
+        "alpha_lr": real(0, None, closed="neither", none=True),
+        "alpha_prime_lr": real(0, None, closed="neither", none=True), "auto_entropy": boolean(),
+        "init_alpha": real(0, None, closed="neither"), "target_entropy": real(none=True), "backup_entropy": boolean(),
+        "max_target_backup": boolean(), "bc_steps": integer(0),
+    }
 
     def __init__(
         self,
@@ -280,6 +291,8 @@ class CalQL(CQL):
     reward as failures worth r_min / (1 - gamma) at every step (AntMaze).
     Every other parameter is CQL's, with CQL's defaults.
     """
+
+    _param_rules = {"sparse_rewards": boolean()}
 
     def __init__(self, *, sparse_rewards: bool = False, **cql_params: Any) -> None:
         super().__init__(**cql_params)

@@ -22,6 +22,7 @@ from typing import Any, Sequence
 import torch
 
 from offrl.algos.base import OfflineAlgorithm, make_adam
+from offrl.algos.params import choice, real
 from offrl.algos.losses import critic_td_loss
 from offrl.datasets.core import Batch
 from offrl.nn import GaussianPolicy, QEnsemble, ValueNetwork, soft_update_
@@ -44,6 +45,11 @@ def awr_actor_loss(advantage: torch.Tensor, log_prob: torch.Tensor, beta: float,
 
 class IQL(OfflineAlgorithm):
     """Implicit Q-learning with a state-independent-std Gaussian actor (tanh mean)."""
+
+    _param_rules = {
+        "expectile": real(0, 1, closed="neither"), "temperature": real(0, None), "actor_lr_schedule": choice(None, "cosine"),
+        "dropout": real(0, 1, closed="left"), "max_weight": real(0, None, closed="neither"),
+    }
 
     def __init__(
         self,

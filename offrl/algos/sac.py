@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from offrl.algos.base import BaseEstimator, _seed_from, make_adam
+from offrl.algos.params import integer, real
 from offrl.algos.losses import LearnedScale, critic_td_loss, sac_actor_loss, temperature_loss
 from offrl.datasets.core import Batch
 from offrl.nn import QEnsemble, TanhGaussianPolicy, soft_update_
@@ -61,6 +62,13 @@ class SAC(BaseEstimator):
         layers in `update` (fp32 weights, optimiser state, output layers and
         losses; acting and log-probabilities stay fp32).
     """
+
+    _param_rules = {
+        "actor_lr": real(0, None, closed="neither", none=True), "critic_lr": real(0, None, closed="neither", none=True),
+        "alpha_lr": real(0, None, closed="neither", none=True), "init_alpha": real(0, None, closed="neither"),
+        "target_entropy": real(none=True), "learning_starts": integer(0), "utd_ratio": integer(1),
+        "buffer_size": integer(1),
+    }
 
     def __init__(
         self,
@@ -300,6 +308,7 @@ class SAC(BaseEstimator):
         """
         from offrl.online.loop import OnlineNames, OnlineStrategy, make_envs, run_online
 
+        self.check_params()
         envs = make_envs(env, n_envs)
         n_steps = int(self.n_steps if n_steps is None else n_steps)
         if self.precision not in ("fp32", "bf16"):

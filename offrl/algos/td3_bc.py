@@ -19,6 +19,7 @@ from typing import Any, Sequence
 import torch
 
 from offrl.algos.base import OfflineAlgorithm, make_adam
+from offrl.algos.params import integer, real
 from offrl.algos.losses import critic_td_loss, mse_bc_loss
 from offrl.datasets.core import Batch
 from offrl.nn import DeterministicPolicy, QEnsemble, soft_update_
@@ -35,6 +36,9 @@ def td3_bc_actor_loss(q: torch.Tensor, policy_actions: torch.Tensor, data_action
 
 class TD3PlusBC(OfflineAlgorithm):
     """TD3+BC: deterministic actor, twin critics (one batched ensemble), delayed actor updates."""
+
+    _param_rules = {"alpha": real(0, None), "policy_noise": real(0, None), "noise_clip": real(0, None),
+                    "policy_freq": integer(1)}
 
     def __init__(
         self,
