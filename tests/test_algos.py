@@ -200,7 +200,7 @@ def test_cql_lagrange_learns_alpha_prime(bandit):
 
 
 def test_cql_rejects_a_non_positive_init_alpha(bandit):
-    with pytest.raises(ValueError, match="init_alpha must be positive"):
+    with pytest.raises(ValueError, match="init_alpha must be a real number > 0"):
         CQL(**SMALL, init_alpha=0.0).fit(bandit, n_steps=1, progress=False)
 
 
