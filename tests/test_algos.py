@@ -219,6 +219,20 @@ def test_calql_mc_returns_follow_the_episodes():
     np.testing.assert_allclose(got[3:], -1.0 / (1 - gamma), rtol=1e-6)
 
 
+def test_calql_sparse_failure_needs_every_reward_at_the_minimum():
+    """An episode that reached the goal and then left it is no failure (reference: all rewards == r_neg).
+
+    The old rule looked at the last reward only and gave this episode r_min / (1 - gamma) everywhere.
+    """
+    gamma = 0.9
+    rewards = np.array([-1.0, 0.0, -1.0, -1.0, -1.0, -1.0], np.float32)  # episode 1: goal at step 1, then left
+    ds = Dataset.from_arrays(np.zeros((6, 2)), np.zeros((6, 1)), rewards, terminals=[0, 0, 0, 0, 0, 0],
+                             timeouts=[0, 0, 1, 0, 0, 1], next_observations=np.zeros((6, 2)))
+    got = calql_mc_returns(ds, rewards, gamma, sparse_rewards=True)
+    np.testing.assert_allclose(got[:3], [-1 + gamma * 0 + gamma**2 * -1, 0 + gamma * -1, -1], rtol=1e-6)
+    np.testing.assert_allclose(got[3:], -1.0 / (1 - gamma), rtol=1e-6)  # episode 2 never reached the goal
+
+
 def test_calql_clips_policy_q_values_at_the_mc_return(episodic):
     algo = CalQL(hidden_dims=(32, 32), batch_size=32, random_state=0).fit(episodic, n_steps=2, progress=False)
     q = torch.tensor([[[-5.0, 0.0], [3.0, -1.0]]])  # (1 critic, 2 samples, 2 states)
@@ -275,6 +289,21 @@ def test_presets_are_data_and_match_whole_words():
     assert preset_params("IQL", "pen-human-v1")["dropout"] == 0.1
     assert preset_params("CQL", "D4RL/antmaze/umaze-v1")["lagrange"] is True
     assert CalQL.from_preset("antmaze-large-play-v2").sparse_rewards is True
+
+
+def test_antmaze_presets_use_the_reference_configs_deeper_critics():
+    for cls in (CQL, CalQL):
+        algo = cls.from_preset("antmaze-medium-play-v2", hidden_dims=(8, 8), batch_size=8, random_state=0)
+        assert tuple(algo.critic_hidden_dims) == (256,) * 4
+        assert cls.from_preset("hopper-medium-v2").critic_hidden_dims is None
+    assert CalQL.from_preset("door-cloned-v1").cql_alpha == 1.0  # official run_adroit.sh and CORL: 1.0
+    algo = CQL(hidden_dims=(8,), critic_hidden_dims=(16, 16, 16), batch_size=8, random_state=0)
+    algo.fit(Dataset.from_arrays(np.zeros((20, 2)), np.zeros((20, 1)), np.zeros(20), timeouts=[0] * 19 + [1]),
+             n_steps=1, progress=False)
+    critic_weights = [tuple(p.shape[1:]) for n, p in algo.critic_.named_parameters() if n.endswith("weight")]
+    assert critic_weights == [(3, 16), (16, 16), (16, 16), (16, 1)]
+    policy_weights = [tuple(p.shape) for n, p in algo.policy_.named_parameters() if n.endswith("weight")]
+    assert policy_weights == [(8, 2), (2, 8)]  # the actor keeps hidden_dims
     with pytest.raises(ValueError, match="no presets"):
         preset_params("NoSuchAlgo", "hopper")
     for cls in ALGORITHMS:  # every preset names real hyper-parameters

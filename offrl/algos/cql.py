@@ -17,7 +17,8 @@ below by the Monte-Carlo return-to-go of the dataset trajectory, so the
 penalty never pushes Q(s, pi(s)) below a reference policy's value.
 
 Defaults follow the CQL paper (alpha 5, actor lr 1e-4, critic lr 3e-4,
-3x256 networks) and CORL's implementation details (no entropy in the backup,
+3x256 networks; `critic_hidden_dims` makes the critics deeper, as the
+AntMaze presets do) and CORL's implementation details (no entropy in the backup,
 no max-target backup, normalised states).  All 31 critic evaluations per
 state (data action + 30 sampled) are one batched ensemble call, and the
 policy network runs once per state for all of its samples.
@@ -35,7 +36,7 @@ import torch
 from torch.func import functional_call
 
 from offrl.algos.base import OfflineAlgorithm, make_adam
-from offrl.algos.params import boolean, integer, real
+from offrl.algos.params import any_of, boolean, choice, integer, layer_sizes, real
 from offrl.algos.losses import LearnedScale, critic_td_loss, sac_actor_loss, temperature_loss
 from offrl.datasets.core import Batch, Dataset
 from offrl.nn import QEnsemble, TanhGaussianPolicy, soft_update_
@@ -61,17 +62,19 @@ def cql_penalty(q_data: torch.Tensor, q_sampled: torch.Tensor, log_density: torc
 def calql_mc_returns(dataset: Dataset, rewards: np.ndarray, gamma: float, sparse_rewards: bool = False) -> np.ndarray:
     """Monte-Carlo discounted returns-to-go of the training rewards, per transition.
 
-    With `sparse_rewards`, an episode whose final reward is the dataset's
-    lowest reward (a failed goal-reaching episode) gets the value of failing
-    forever, r_min / (1 - gamma), at every step (Cal-QL's AntMaze handling).
+    With `sparse_rewards`, an episode whose rewards *all* equal the dataset's
+    lowest reward (a goal-reaching episode that never reached the goal) gets
+    the value of failing forever, r_min / (1 - gamma), at every step, as in
+    the reference implementation's `calc_return_to_go`.  An episode that
+    reached the goal at some step, even if it ended elsewhere, keeps its
+    Monte-Carlo returns.
     """
     returns = dataset.with_rewards(rewards).returns_to_go(gamma).astype(np.float32)
     if sparse_rewards:
-        r_min = float(rewards.min())
-        last = dataset.episode_starts[1:] - 1
-        failed = rewards[last] == r_min
-        per_row = np.repeat(failed, dataset.episode_lengths())
-        returns[per_row] = r_min / (1.0 - gamma)
+        r_min = rewards.min()
+        n_better = np.add.reduceat((rewards != r_min).astype(np.int64), dataset.episode_starts[:-1])
+        failed = n_better == 0
+        returns[np.repeat(failed, dataset.episode_lengths())] = float(r_min) / (1.0 - gamma)
     return returns
 
 
@@ -79,6 +82,7 @@ class CQL(OfflineAlgorithm):
     """Conservative Q-learning (SAC-based, continuous actions); `lagrange=True` for the Lagrange variant."""
 
     _param_rules = {
+        "critic_hidden_dims": any_of(layer_sizes(), choice(None)),
         "cql_alpha": real(0, None), "n_action_samples": integer(1), "cql_temperature": real(0, None, closed="neither"),
         "importance_sampling": boolean(), "lagrange": boolean(), "target_action_gap": real(),
         "cql_clip_diff_min": real(none=True, infinite=True), "cql_clip_diff_max": real(none=True, infinite=True),
@@ -100,6 +104,7 @@ class CQL(OfflineAlgorithm):
         cql_clip_diff_min: float | None = None,
         cql_clip_diff_max: float | None = None,
         hidden_dims: Sequence[int] = (256, 256, 256),
+        critic_hidden_dims: Sequence[int] | None = None,
         actor_lr: float = 1e-4,
         critic_lr: float = 3e-4,
         alpha_lr: float | None = None,
@@ -133,6 +138,7 @@ class CQL(OfflineAlgorithm):
         self.cql_clip_diff_min = cql_clip_diff_min
         self.cql_clip_diff_max = cql_clip_diff_max
         self.hidden_dims = hidden_dims
+        self.critic_hidden_dims = critic_hidden_dims
         self.actor_lr = actor_lr
         self.critic_lr = critic_lr
         self.alpha_lr = alpha_lr
@@ -164,7 +170,8 @@ class CQL(OfflineAlgorithm):
         device = self.device_
         obs_dim, act_dim, hidden = spec["observation_dim"], spec["action_dim"], tuple(self.hidden_dims)
         self.policy_ = TanhGaussianPolicy(obs_dim, act_dim, hidden, spec["action_low"], spec["action_high"]).to(device)
-        self.critic_ = QEnsemble(obs_dim, act_dim, n_critics=2, hidden_dims=hidden).to(device)
+        critic_hidden = hidden if self.critic_hidden_dims is None else tuple(self.critic_hidden_dims)
+        self.critic_ = QEnsemble(obs_dim, act_dim, n_critics=2, hidden_dims=critic_hidden).to(device)
         self.critic_target_ = copy.deepcopy(self.critic_).requires_grad_(False)
         # temperature_() is SAC's entropy temperature alpha, alpha_prime_() the Lagrange multiplier alpha';
         # each keeps the log of its value as the parameter (`.log_value`).

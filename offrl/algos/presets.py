@@ -35,16 +35,23 @@ PRESETS: dict[str, list[tuple[tuple[str, ...], dict[str, Any]]]] = {
     ],
     "CQL": [
         # AntMaze: Lagrange CQL with target gap 0.8, rewards r * 10 - 5, max-target backup,
-        # diff clipped at -200, raw observations.
+        # diff clipped at -200, raw observations, critics of 4 hidden layers (CORL's v2 AntMaze configs,
+        # q_n_hidden_layers: 4; the official Cal-QL code's qf_arch 256-256-256-256).
         (("antmaze",), {"lagrange": True, "target_action_gap": 0.8, "reward_scale": 10.0, "reward_bias": -5.0,
-                        "max_target_backup": True, "cql_clip_diff_min": -200.0, "normalize_observations": False}),
+                        "max_target_backup": True, "cql_clip_diff_min": -200.0, "normalize_observations": False,
+                        "critic_hidden_dims": (256, 256, 256, 256)}),
         (_ADROIT, {"cql_alpha": 1.0, "max_target_backup": True, "cql_clip_diff_min": -200.0,
                    "normalize_observations": False}),
     ],
     "CalQL": [
+        # AntMaze as CQL's, plus the sparse-reward failure rule.  Critics: 4 hidden layers of 256 (official
+        # run_antmaze.sh qf_arch; CORL's fine-tuning configs use 4, and 5 for umaze-v2).
         (("antmaze",), {"lagrange": True, "target_action_gap": 0.8, "reward_scale": 10.0, "reward_bias": -5.0,
                         "max_target_backup": True, "cql_clip_diff_min": -200.0, "normalize_observations": False,
-                        "sparse_rewards": True}),
+                        "sparse_rewards": True, "critic_hidden_dims": (256, 256, 256, 256)}),
+        # Adroit: alpha 1.0 as in the official run_adroit.sh (cql_min_q_weight=1.0) and CORL's cloned-v1
+        # configs (cql_alpha: 1.0).  The official code's wider 512-unit networks are not copied: CORL's
+        # reproduction, which we follow, keeps 256.
         (_ADROIT, {"cql_alpha": 1.0, "max_target_backup": True, "cql_clip_diff_min": -200.0,
                    "normalize_observations": False}),
     ],
