@@ -18,7 +18,7 @@ from typing import Any, Callable
 import numpy as np
 
 __all__ = ["InvalidParameterError", "Rule", "real", "integer", "boolean", "choice", "layer_sizes", "device_name",
-           "seed", "compile_option", "any_of", "check_params", "param_rules"]
+           "seed", "compile_option", "any_of", "interval_pair", "check_params", "param_rules"]
 
 
 class InvalidParameterError(ValueError, TypeError):
@@ -102,6 +102,19 @@ def choice(*options: Any) -> Rule:
         return any(type(value) is type(option) and value == option for option in options)
 
     return Rule(accepts, "one of " + ", ".join(repr(o) for o in options))
+
+
+def interval_pair(*, none: bool = True) -> Rule:
+    """A (low, high) pair of finite reals with low <= high, e.g. a reward range."""
+    def accepts(value: Any) -> bool:
+        if value is None:
+            return none
+        if isinstance(value, (str, bytes)) or len(value) != 2:
+            return False
+        low, high = value
+        return _is_real(low) and _is_real(high) and math.isfinite(low) and math.isfinite(high) and low <= high
+
+    return Rule(accepts, "a (low, high) pair of finite numbers with low <= high" + (" or None" if none else ""))
 
 
 def any_of(*rules: Rule) -> Rule:

@@ -40,10 +40,19 @@ import numpy as np
 import torch
 
 from offrl.algos.base import OfflineAlgorithm, make_adam
+from offrl.algos.params import boolean, choice, integer, interval_pair, real
 from offrl.datasets.core import Batch, Dataset
 from offrl.nn import EnsembleMLP, QEnsemble, soft_update_
 from offrl.ope.behavior import TargetPolicy, as_target_policy
-from offrl.ope.results import OPEResult, RatioComponents, check_gamma, check_horizon, make_result, sample_bound_from_rewards
+from offrl.ope.results import (
+    INTERVALS,
+    OPEResult,
+    RatioComponents,
+    check_gamma,
+    check_horizon,
+    make_result,
+    sample_bound_from_rewards,
+)
 
 __all__ = ["FQE", "fqe_loss"]
 
@@ -59,6 +68,29 @@ def fqe_loss(q: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None 
     return ((err * weight).sum(-1) / weight.sum(-1).clamp_min(1.0)).mean()
 
 
+_N_PROBE = 32
+
+
+def _probe_values(target: TargetPolicy, probe: dict[str, Any]) -> np.ndarray:
+    """The policy's response on the probe states: actions, action probabilities, or log pi(a|s) of logged actions."""
+    obs = np.asarray(probe["observations"], np.float32)
+    if target.kind == "deterministic":
+        return target.act(obs).astype(np.float64)
+    if target.kind == "discrete":
+        return target.probs(obs)
+    return target.log_prob(obs, np.asarray(probe["actions"], np.float32))
+
+
+def _policy_probe(target: TargetPolicy, dataset: Dataset) -> dict[str, Any]:
+    """A JSON record of what `target` does on the dataset's first few logged states."""
+    rows = np.arange(min(_N_PROBE, dataset.n_transitions))
+    probe: dict[str, Any] = {"kind": target.kind, "observations": dataset.observations[rows].tolist()}
+    if target.kind == "stochastic":
+        probe["actions"] = dataset.actions[rows].tolist()
+    probe["values"] = np.asarray(_probe_values(target, probe), np.float64).tolist()  # JSON keeps -inf log-densities
+    return probe
+
+
 class FQE(OfflineAlgorithm):
     """Fitted Q Evaluation of a target policy.
 
@@ -69,6 +101,12 @@ class FQE(OfflineAlgorithm):
 
     supports_discrete_actions = True
     name = "FQE"
+    _param_rules = {
+        "horizon": integer(1, none=True), "n_critics": integer(1), "bootstrap": boolean(), "layer_norm": boolean(),
+        "lr_decay": boolean(), "clip_targets": boolean(), "n_action_samples": integer(1),
+        "interval": choice(*INTERVALS), "alpha": real(0, 1, closed="neither"), "n_bootstrap": integer(1),
+        "reward_bound": interval_pair(),
+    }
 
     def __init__(
         self,
@@ -143,6 +181,7 @@ class FQE(OfflineAlgorithm):
             raise ValueError(f"a {target.kind} target policy does not match this dataset's "
                              f"{'discrete' if dataset.discrete_actions is not None else 'continuous'} actions")
         self._target, self._policy_obj = target, policy
+        self._probe = _policy_probe(target, dataset)
         self._total_steps = int(self.n_steps if n_steps is None else n_steps)
         kwargs.setdefault("progress", False)
         return super().fit(dataset, n_steps=n_steps, **kwargs)
@@ -165,6 +204,9 @@ class FQE(OfflineAlgorithm):
         else:
             total = h_eff
         unit = scale * h_eff
+        # What the fitted policy does on a few logged states, so a later call with another policy is caught
+        # (also after save/load, when the policy object itself is gone).
+        spec["policy_probe"] = self._probe
         spec.update({"fqe_horizon": horizon, "reward_scale": scale, "effective_horizon": float(h_eff),
                      "q_low": min(0.0, float(r.min()) * total) / unit, "q_high": max(0.0, float(r.max()) * total) / unit})
         return spec
@@ -303,8 +345,10 @@ class FQE(OfflineAlgorithm):
         return self._member_q(obs, actions, steps_to_go).mean(0)
 
     def _member_v(self, obs: np.ndarray, steps_to_go: np.ndarray | None, policy: Any = None) -> np.ndarray:
-        target = (as_target_policy(policy, discrete_actions=self.spec_.get("discrete_actions")) if policy is not None
-                  else getattr(self, "_target", None))
+        target = getattr(self, "_target", None)
+        if policy is not None and policy is not getattr(self, "_policy_obj", None):
+            target = as_target_policy(policy, discrete_actions=self.spec_.get("discrete_actions"))
+            self._check_fitted_policy(target)
         if target is None:
             raise ValueError("this FQE has no target policy (it was loaded from a file); pass policy=...")
         obs = np.asarray(obs, np.float32)
@@ -318,12 +362,32 @@ class FQE(OfflineAlgorithm):
         samples = target.sample_actions(obs, n, np.random.default_rng(0))
         return np.mean([self._member_q(obs, s, steps_to_go) for s in samples], axis=0)
 
+    def _check_fitted_policy(self, target: TargetPolicy) -> None:
+        """Refuse a policy other than the one Q was fitted for: its Q would be the old policy's."""
+        probe = self.spec_.get("policy_probe")
+        if probe is None:  # a model file from before policy probes: nothing to compare with
+            return
+        if target.kind != probe["kind"] or not np.allclose(
+                _probe_values(target, probe), np.asarray(probe["values"], np.float64), rtol=1e-4, atol=1e-5, equal_nan=True):
+            raise ValueError(
+                "this FQE was fitted to evaluate another policy (it acts differently on the training data's first "
+                "states), and its Q-function is that policy's; fit one FQE per policy: "
+                "FQE(...).fit(dataset, policy=new_policy), or sklearn.base.clone(fqe).estimate(dataset, new_policy)")
+
     def state_values(self, obs: np.ndarray, steps_to_go: np.ndarray | None = None, policy: Any = None) -> np.ndarray:
-        """V(s) = E_{a~pi} Q(s, a) for the fitted target policy (mean over the ensemble)."""
+        """V(s) = E_{a~pi} Q(s, a) for the fitted target policy (mean over the ensemble).
+
+        `policy` must be the fitted one (checked on a few logged states); a
+        different policy raises, since Q was learnt for the fitted one.
+        """
         return self._member_v(obs, steps_to_go, policy).mean(0)
 
     def estimate(self, dataset: Dataset, policy: Any = None, **_: Any) -> OPEResult:
-        """Mean over the dataset's initial states of V(s0).  Fits first when not fitted yet."""
+        """Mean over the dataset's initial states of V(s0).  Fits first when not fitted yet.
+
+        On a fitted FQE, `policy` may be omitted or must be the policy it was
+        fitted for; another policy raises a ValueError (fit a new FQE for it).
+        """
         if not hasattr(self, "spec_"):
             self.fit(dataset, policy=policy)
         obs0 = dataset.observations[dataset.episode_starts[:-1]]

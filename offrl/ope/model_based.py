@@ -3,7 +3,10 @@
 Each member of a batched `EnsembleMLP` predicts a Gaussian over the
 standardised (state change, reward) and, when the data has terminals, a
 termination logit; members are trained by maximum likelihood on their own
-random batches.  The value is estimated by rolling the target policy out
+random batches.  A terminal row's next state is not a state the
+environment reaches (a Dataset built without `next_observations` holds the
+next episode's first observation there), so the state part of the loss
+skips terminal rows; their reward and termination still train.  The value is estimated by rolling the target policy out
 from every logged initial state for `horizon` steps in every member
 (member k drives roll-out k from start to end), accumulating the
 discounted reward, with termination handled as a survival probability.
@@ -21,10 +24,13 @@ import sklearn.base
 import torch
 from torch.nn import functional as F
 
+from offrl.algos.params import (boolean, check_params, choice, device_name, integer, interval_pair, layer_sizes, real,
+                                seed)
 from offrl.datasets.core import Dataset
 from offrl.nn import EnsembleMLP
 from offrl.ope.behavior import as_target_policy
 from offrl.ope.results import (
+    INTERVALS,
     OPEResult,
     RatioComponents,
     check_gamma,
@@ -36,15 +42,26 @@ from offrl.ope.results import (
 __all__ = ["ModelBased", "gaussian_nll"]
 
 
-def gaussian_nll(mean: torch.Tensor, log_var: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Gaussian negative log-likelihood (up to a constant), averaged."""
-    return (((mean - target) ** 2) * torch.exp(-log_var) + log_var).mean()
+def gaussian_nll(mean: torch.Tensor, log_var: torch.Tensor, target: torch.Tensor,
+                 weight: torch.Tensor | None = None) -> torch.Tensor:
+    """Gaussian negative log-likelihood (up to a constant), averaged over the elements `weight` keeps (all by default)."""
+    nll = ((mean - target) ** 2) * torch.exp(-log_var) + log_var
+    if weight is None:
+        return nll.mean()
+    weight = weight.expand_as(nll)
+    return (nll * weight).sum() / weight.sum().clamp(min=1.0)
 
 
 class ModelBased(sklearn.base.BaseEstimator):
     """Model-based OPE with an ensemble of probabilistic dynamics and reward models."""
 
     name = "MB"
+    _param_rules = {
+        "gamma": real(0, 1), "horizon": integer(1, none=True), "n_models": integer(1), "hidden_dims": layer_sizes(),
+        "n_steps": integer(0), "batch_size": integer(1), "lr": real(0, None, closed="neither"),
+        "sample_noise": boolean(), "interval": choice(*INTERVALS), "alpha": real(0, 1, closed="neither"),
+        "n_bootstrap": integer(1), "reward_bound": interval_pair(), "device": device_name(), "random_state": seed(),
+    }
 
     def __init__(
         self,
@@ -96,17 +113,26 @@ class ModelBased(sklearn.base.BaseEstimator):
 
         if not isinstance(dataset, Dataset):
             raise TypeError(f"dataset must be an offrl Dataset, got {type(dataset).__name__}")
+        check_params(self)
         device = self._device()
         seed = int(np.random.default_rng(self.random_state).integers(2**31 - 1))
         torch.manual_seed(seed)
         gen = torch.Generator(device=device).manual_seed(seed)
         self.discrete_ = dataset.discrete_actions
         obs, nxt = dataset.observations, dataset.next_observations
+        dataset.require_labels("rewards", "actions", context="ModelBased")
         delta = nxt - obs
         self.obs_mean_, self.obs_std_ = obs.mean(0), np.maximum(obs.std(0), 1e-3)
         targets = np.concatenate([delta, dataset.rewards[:, None]], axis=1)
-        self.y_mean_, self.y_std_ = targets.mean(0), np.maximum(targets.std(0), 1e-4)
         self.has_terminals_ = bool(dataset.terminals.any())
+        continuing = dataset.terminals == 0
+        if self.has_terminals_ and continuing.any():
+            # state-change statistics from the rows whose next state is real
+            state_mean, state_std = delta[continuing].mean(0), delta[continuing].std(0)
+            self.y_mean_ = np.append(state_mean, targets[:, -1].mean()).astype(np.float32)
+            self.y_std_ = np.maximum(np.append(state_std, targets[:, -1].std()), 1e-4).astype(np.float32)
+        else:
+            self.y_mean_, self.y_std_ = targets.mean(0), np.maximum(targets.std(0), 1e-4)
         act_dim = int(self.discrete_) if self.discrete_ is not None else dataset.action_dim
         if self.discrete_ is None:
             low = dataset.action_low if dataset.action_low is not None else dataset.actions.min(0)
@@ -123,15 +149,20 @@ class ModelBased(sklearn.base.BaseEstimator):
         x_act = self._action_input(torch.as_tensor(dataset.actions, device=device))
         y = torch.as_tensor((targets - self.y_mean_) / self.y_std_, dtype=torch.float32, device=device)
         term = torch.as_tensor(dataset.terminals, device=device)
+        # per-row weights of the (state change..., reward) targets: terminal rows keep only the reward
+        target_weight = torch.ones(dataset.n_transitions, self.obs_dim_ + 1, device=device)
+        target_weight[:, :-1] *= (1.0 - term)[:, None]
         n = dataset.n_transitions
         k = int(self.n_models)
         for _ in range(int(self.n_steps)):
             idx = torch.randint(n, (k, int(self.batch_size)), generator=gen, device=device)
             out = self.model_(torch.cat([x_obs[idx], x_act[idx]], dim=-1))
             mean, log_var, logit = self._split(out)
-            loss = gaussian_nll(mean, log_var, y[idx])
             if self.has_terminals_:
+                loss = gaussian_nll(mean, log_var, y[idx], target_weight[idx])
                 loss = loss + F.binary_cross_entropy_with_logits(logit, term[idx])
+            else:
+                loss = gaussian_nll(mean, log_var, y[idx])
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
