@@ -16,7 +16,7 @@ from offrl.datasets import Dataset
 # Flags of the small D4RL-layout files below (14 rows):
 #   rows 0-3   episode cut by the time limit (timeout at 3)
 #   rows 4-6   episode that terminates (terminal at 6)
-#   rows 7-9   episode whose last step is BOTH terminal and timeout (counts as a timeout)
+#   rows 7-9   episode whose last step is BOTH terminal and timeout (counts as a terminal: terminal wins everywhere)
 #   row  10    one-step episode cut by the time limit
 #   rows 11-13 episode still running when the file ends (no flag on the last row)
 D4RL_N = 14

@@ -37,7 +37,7 @@ def test_info_on_d4rl_file(d4rl_float32_file, capsys):
     assert rows["transitions"] == "14"
     assert rows["episodes"] == "5"
     assert rows["observation dim"] == "3" and rows["action dim"] == "2"
-    assert rows["terminals / timeouts"] == "1 / 4"
+    assert rows["terminals / timeouts"] == "2 / 3"
     assert rows["episode return"] == (
         f"mean {returns.mean():.3f} ± {returns.std():.3f}, min {returns.min():.3f}, max {returns.max():.3f}"
     )
@@ -102,7 +102,7 @@ def test_console_script(d4rl_replay_file, isolated_d4rl_dirs):
     assert ok.returncode == 0, ok.stderr
     rows = info_rows(ok.stdout)
     assert rows["dataset"] == "hopper-medium-replay-v2"
-    assert rows["transitions"] == "10" and rows["episodes"] == "4"
+    assert rows["transitions"] == "11" and rows["episodes"] == "4"
     assert rows["behaviour log-probs"] == "present"
     assert rows["normalised score"].startswith("mean ")
     bad = subprocess.run([script, "datasets", "info", "nope.txt"], capture_output=True, text=True, env=env, timeout=120)

@@ -25,9 +25,12 @@ def test_float32_file_with_next_observations(d4rl_float32_file):
     np.testing.assert_array_equal(ds.behavior_log_probs, arrays["infos/action_log_probs"])
     # episodes end at the timeout (3), terminal (6), terminal+timeout (9), timeout (10) and the end of the file
     np.testing.assert_array_equal(ds.episode_starts, [0, 4, 7, 10, 11, 14])
-    # row 9 is both terminal and timeout in the file: D4RL counts it as a timeout
-    np.testing.assert_array_equal(np.flatnonzero(ds.terminals), [6])
-    np.testing.assert_array_equal(np.flatnonzero(ds.timeouts), [3, 9, 10, 13])
+    # row 9 is both terminal and timeout in the file: a terminal (offrl's rule everywhere, as in gymnasium)
+    np.testing.assert_array_equal(np.flatnonzero(ds.terminals), [6, 9])
+    np.testing.assert_array_equal(np.flatnonzero(ds.timeouts), [3, 10, 13])
+    # hopper's action space, which the file does not store
+    np.testing.assert_array_equal(ds.action_low, [-1, -1])
+    np.testing.assert_array_equal(ds.action_high, [1, 1])
     assert ds.metadata["name"] == "hopper_medium-v2"
     assert (ds.metadata["ref_min_score"], ds.metadata["ref_max_score"]) == (HOPPER_MIN, HOPPER_MAX)
     assert ds.metadata["d4rl_metadata"] == {"algorithm": "SAC", "iteration": 42}
@@ -38,22 +41,26 @@ def test_medium_replay_file_matches_d4rl_qlearning_dataset(d4rl_replay_file):
     assert arrays["rewards"].shape == (D4RL_N, 1) and arrays["observations"].dtype == np.float64
     assert "next_observations" not in arrays
     ds = read_d4rl_hdf5(path)
-    reference = d4rl_qlearning_reference(arrays)
+    # D4RL's qlearning_dataset, once a row flagged both terminal and timeout (row 9) counts as the terminal it is:
+    # D4RL itself drops that row as a timeout, offrl keeps it as a terminal (gymnasium's rule, used everywhere)
+    terminal_wins = dict(arrays, timeouts=arrays["timeouts"] & ~arrays["terminals"].reshape(-1))
+    reference = d4rl_qlearning_reference(terminal_wins)
     for key in ("observations", "actions", "next_observations", "rewards", "terminals"):
         np.testing.assert_array_equal(getattr(ds, key), reference[key], err_msg=key)
         assert getattr(ds, key).dtype == np.float32, key
-    # the kept rows, spelled out: timeout rows 3, 9 (terminal+timeout), 10 and the file's last row 13 are dropped
-    kept = [0, 1, 2, 4, 5, 6, 7, 8, 11, 12]
+    # the kept rows, spelled out: timeout rows 3, 10 and the file's last row 13 are dropped
+    kept = [0, 1, 2, 4, 5, 6, 7, 8, 9, 11, 12]
     np.testing.assert_array_equal(ds.observations[:, 0], kept)
     np.testing.assert_array_equal(ds.next_observations[:, 0], np.array(kept) + 1)
     np.testing.assert_array_equal(ds.behavior_log_probs, arrays["infos/action_log_probs"][kept].astype(np.float32))
     # the episode boundaries survive: the step before each dropped timeout row ends its episode as a timeout,
     # and the one-step episode at row 10 disappears
-    np.testing.assert_array_equal(ds.episode_starts, [0, 3, 6, 8, 10])
-    np.testing.assert_array_equal(np.flatnonzero(ds.timeouts), [2, 7, 9])
-    np.testing.assert_array_equal(np.flatnonzero(ds.terminals), [5])
-    # the terminal row is kept and, as in D4RL, its next observation is the following row
+    np.testing.assert_array_equal(ds.episode_starts, [0, 3, 6, 9, 11])
+    np.testing.assert_array_equal(np.flatnonzero(ds.timeouts), [2, 10])
+    np.testing.assert_array_equal(np.flatnonzero(ds.terminals), [5, 8])
+    # terminal rows are kept and, as in D4RL, their next observation is the following row
     assert ds.observations[5, 0] == 6 and ds.next_observations[5, 0] == 7
+    assert ds.observations[8, 0] == 9 and ds.next_observations[8, 0] == 10
 
 
 def test_load_by_name_from_d4rl_dataset_dir(d4rl_replay_file, isolated_d4rl_dirs):
@@ -137,6 +144,7 @@ def test_reference_score_errors():
     assert reference_scores({"ref_min_score": 1.0, "ref_max_score": 3.0}) == (1.0, 3.0)
 
 
+@pytest.mark.filterwarnings("ignore:.*action bounds unknown:UserWarning")
 def test_file_without_timeouts_and_without_reference_scores(tmp_path):
     n = 6
     obs = np.arange(n, dtype=np.float32)[:, None]
@@ -156,6 +164,7 @@ def test_file_without_timeouts_and_without_reference_scores(tmp_path):
         normalized_score(ds, 1.0)
 
 
+@pytest.mark.filterwarnings("ignore:.*action bounds unknown:UserWarning")
 def test_malformed_files_give_clear_errors(tmp_path):
     n = 5
     base = {

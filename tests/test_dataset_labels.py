@@ -349,6 +349,7 @@ def test_from_pandas_rejects_partly_missing_actions():
     np.testing.assert_array_equal(ds.actions[1], [0.0, 0.0])
 
 
+@pytest.mark.filterwarnings("ignore:.*action bounds unknown:UserWarning")
 def test_d4rl_file_without_rewards(tmp_path):
     from offrl.datasets.d4rl import read_d4rl_hdf5
 

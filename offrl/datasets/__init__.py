@@ -27,8 +27,11 @@ def load(spec: str | os.PathLike, download: bool = False, **kwargs: Any) -> Data
 
     - `"d4rl:hopper-medium-replay-v2"`: D4RL file from `$D4RL_DATASET_DIR` or
       `~/.d4rl/datasets` (downloaded only with `download=True`);
-    - a path to a `.hdf5` file in D4RL's layout;
-    - `"minari:mujoco/hopper/medium-v0"`: a local Minari dataset;
+    - a path to a `.hdf5` file in D4RL's layout (`kwargs`: `action_low`,
+      `action_high`, the action space's bounds, which D4RL files lack; known
+      D4RL environments get theirs, [-1, 1]);
+    - `"minari:mujoco/hopper/medium-v0"`: a local Minari dataset (the bounds
+      come from its action space);
     - `"offrl:pendulum-medium-v1"`: a dataset built by `offrl datasets build`
       (`kwargs`: the budget it was built with, see `load_built`; to build it
       on first use call `offrl.builder.load_or_build`);
@@ -44,7 +47,7 @@ def load(spec: str | os.PathLike, download: bool = False, **kwargs: Any) -> Data
             if not download:
                 raise FileNotFoundError(d4rl.missing_d4rl_message(rest))
             path = d4rl.download_d4rl(rest)
-        return d4rl.read_d4rl_hdf5(path, name=rest)
+        return d4rl.read_d4rl_hdf5(path, name=rest, **kwargs)
     if sep and scheme == "minari":
         return load_minari(rest, download=download, **kwargs)
     if sep and scheme == "offrl":
@@ -56,8 +59,11 @@ def load(spec: str | os.PathLike, download: bool = False, **kwargs: Any) -> Data
     if path.suffix in (".hdf5", ".h5"):
         if not path.exists():
             raise FileNotFoundError(f"no D4RL-layout file at {path}; check the path")
-        return d4rl.read_d4rl_hdf5(path)
+        return d4rl.read_d4rl_hdf5(path, **kwargs)
     if path.suffix == ".npz":
+        if kwargs:
+            raise TypeError(f"load({spec!r}) takes no keyword arguments for a .npz file (it holds its own action "
+                            f"bounds), got {sorted(kwargs)}")
         return Dataset.load(path)
     raise ValueError(
         f"cannot load {spec!r}: use 'd4rl:<name>', 'minari:<dataset id>', 'offrl:<name>', "

@@ -109,7 +109,107 @@ def _as_float32(name: str, value: Any, ndim: int) -> np.ndarray:
     if array.ndim != ndim:
         shape = "(n_transitions,)" if ndim == 1 else "(n_transitions, dim)"
         raise ValueError(f"{name} has shape {array.shape}; expected {shape}")
+    if ndim == 2 and array.shape[1] == 0:
+        raise ValueError(f"{name} has 0 columns (shape {array.shape}); every step needs at least one value")
     return np.ascontiguousarray(array, dtype=np.float32)
+
+
+MAX_DISCRETE_ACTIONS = 2**24
+"""The most discrete actions a Dataset holds: float32 (the action column's dtype) stores every index below it exactly."""
+
+
+def _positive_int(value: Any, name: str) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def _as_discrete_count(value: Any) -> int | None:
+    """The number of discrete actions (an integer, possibly written as 3.0), or None."""
+    if value is None:
+        return None
+    numeric = isinstance(value, (int, np.integer, float, np.floating)) and not isinstance(value, (bool, np.bool_))
+    if not numeric or not float(value).is_integer() or value < 1:
+        raise ValueError(f"discrete_actions must be a positive integer (the number of actions), got {value!r}")
+    count = int(value)
+    if count > MAX_DISCRETE_ACTIONS:
+        raise ValueError(
+            f"discrete_actions = {count} exceeds 2**24 = {MAX_DISCRETE_ACTIONS}, the most actions whose indices "
+            "a float32 action column stores exactly; encode such an action as several smaller ones"
+        )
+    return count
+
+
+def _check_exact_indices(name: str, raw: Any, converted: np.ndarray, labelled: np.ndarray | None) -> None:
+    """Discrete action indices survive the float32 cast unchanged (in labelled rows; unlabelled ones may hold anything)."""
+    raw = np.asarray(raw)
+    if raw.dtype in (np.float32, np.bool_) or raw.size != converted.size:
+        return  # nothing to lose (a size mismatch is reported by the row checks)
+    wide = raw.astype(np.float64).reshape(converted.shape)
+    changed = (wide != converted) & np.isfinite(wide)
+    if labelled is not None and len(labelled) == len(changed):
+        changed &= labelled[:, None]
+    if changed.any():
+        row, col = np.argwhere(changed)[0]
+        value = raw.reshape(converted.shape)[row, col].item()
+        raise ValueError(
+            f"{name} has value {value} at row {int(row)}, which float32 stores as {converted[row, col]:.9g}; discrete "
+            f"actions are integer indices below discrete_actions (at most 2**24 = {MAX_DISCRETE_ACTIONS})"
+        )
+
+
+def _as_bounds(name: str, value: Any, action_dim: int) -> np.ndarray | None:
+    """An action bound as a finite float32 array of action_dim values (a scalar is broadcast), or None."""
+    if value is None:
+        return None
+    try:
+        array = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{name} must be numbers (a scalar or one per action dimension), got {value!r}") from err
+    if array.ndim == 0:
+        array = np.full(action_dim, array)
+    elif array.ndim != 1:
+        raise ValueError(f"{name} has shape {array.shape}; pass a scalar or one bound per action dimension "
+                         f"(shape ({action_dim},))")
+    elif len(array) != action_dim:
+        raise ValueError(f"{name} has {len(array)} values but the action space has {action_dim} dimensions; pass a "
+                         "scalar or one bound per action dimension")
+    array = array.astype(np.float32)
+    bad = np.flatnonzero(~np.isfinite(array))
+    if len(bad):
+        raise ValueError(f"{name} contains NaN or inf at dimension {int(bad[0])}; pass finite bounds, or None when "
+                         "they are unknown (algorithms then use the range of the logged actions)")
+    return array
+
+
+def _as_episode_starts(value: Any, name: str = "episode_starts") -> np.ndarray:
+    """Episode offsets as int64; integral floats (3.0) are read exactly, anything else is refused, never truncated."""
+    array = np.asarray(value)
+    integer = np.issubdtype(array.dtype, np.integer)
+    if array.dtype == np.bool_ or not (integer or np.issubdtype(array.dtype, np.floating)):
+        raise ValueError(f"{name} must be integer row offsets, got dtype {array.dtype} ({array.reshape(-1)[:5].tolist()}...)")
+    if not integer:
+        flat = array.reshape(-1)
+        bad = np.flatnonzero(~np.isfinite(flat) | (flat != np.round(flat)))
+        if len(bad):
+            raise ValueError(f"{name} must be integer row offsets, got {flat[bad[0]]} at position {int(bad[0])}")
+    return array.astype(np.int64)
+
+
+def _check_flags_at_episode_ends(terminals: np.ndarray, timeouts: np.ndarray, starts: np.ndarray) -> None:
+    """Terminals and timeouts only on the last row of an episode: a flag ends its episode."""
+    is_last = np.zeros(int(starts[-1]), dtype=bool)
+    is_last[starts[1:] - 1] = True
+    for name, column in (("terminals", terminals), ("timeouts", timeouts)):
+        inside = np.flatnonzero((column > 0) & ~is_last)
+        if len(inside):
+            row = int(inside[0])
+            episode = int(np.searchsorted(starts, row, side="right") - 1)
+            raise ValueError(
+                f"{name} is set at row {row}, inside episode {episode} (rows {int(starts[episode])}-"
+                f"{int(starts[episode + 1]) - 1}) rather than at its last row; a terminal or timeout ends its episode: "
+                f"start a new episode after row {row} (episode_starts) or clear the flag"
+            )
 
 
 def _check_finite(name: str, array: np.ndarray, labelled: np.ndarray | None = None) -> None:
@@ -212,7 +312,15 @@ class Dataset:
     `terminals` marks a true end of the MDP (no bootstrapping);
     `timeouts` marks a cut (time limit or end of log) where the value of the
     next state still counts.  Episode i is rows
-    `episode_starts[i]:episode_starts[i + 1]`.
+    `episode_starts[i]:episode_starts[i + 1]`, and a flag may only be set on
+    an episode's last row.  A step logged as both terminal and timeout is a
+    terminal, everywhere (`from_arrays`, `from_episodes`, `from_pandas`, the
+    D4RL and Minari readers), as in gymnasium: `terminated` means no
+    bootstrap whatever `truncated` says.
+
+    `action_low` / `action_high` are the action space's finite bounds (a
+    scalar or one per dimension); None means unknown, and algorithms then
+    use the range of the logged actions.
 
     Rewards and actions may be missing: `rewards=None` / `actions=None` when
     the log has none (then `action_dim=` or per-dimension action bounds give
@@ -246,6 +354,7 @@ class Dataset:
     ) -> None:
         self.observations = _as_float32("observations", observations, 2)
         n = len(self.observations)
+        raw_actions = actions
         actions = None if actions is None else _as_float32("actions", actions, 2)
         rewards = None if rewards is None else _as_float32("rewards", rewards, 1)
         for name, column in (("actions", actions), ("rewards", rewards)):
@@ -253,10 +362,13 @@ class Dataset:
                 raise ValueError(
                     f"{name} has {len(column)} rows but observations has {n}; every column needs one row per transition"
                 )
-        self.discrete_actions = None if discrete_actions is None else int(discrete_actions)
+        self.discrete_actions = _as_discrete_count(discrete_actions)
         self._action_dim = _resolve_action_dim(actions, action_dim, action_low, action_high, self.discrete_actions)
+        action_mask = _as_mask("action_mask", action_mask, n)
+        if self.discrete_actions is not None and actions is not None:
+            _check_exact_indices("actions", raw_actions, actions, action_mask)
         self.rewards, reward_mask = _apply_label_mask("rewards", rewards, _as_mask("reward_mask", reward_mask, n))
-        self.actions, action_mask = _apply_label_mask("actions", actions, _as_mask("action_mask", action_mask, n))
+        self.actions, action_mask = _apply_label_mask("actions", actions, action_mask)
         self._label_masks: dict[str, np.ndarray] = {
             k: m for k, m in (("rewards", reward_mask), ("actions", action_mask)) if m is not None
         }
@@ -266,11 +378,9 @@ class Dataset:
         self.behavior_log_probs = (
             None if behavior_log_probs is None else _as_float32("behavior_log_probs", behavior_log_probs, 1)
         )
-        self.episode_starts = np.asarray(episode_starts, dtype=np.int64)
-        self.action_low = None if action_low is None else np.broadcast_to(
-            np.asarray(action_low, dtype=np.float32), (self._action_dim,)).copy()
-        self.action_high = None if action_high is None else np.broadcast_to(
-            np.asarray(action_high, dtype=np.float32), (self._action_dim,)).copy()
+        self.episode_starts = _as_episode_starts(episode_starts)
+        self.action_low = _as_bounds("action_low", action_low, self._action_dim)
+        self.action_high = _as_bounds("action_high", action_high, self._action_dim)
         self.metadata: dict[str, Any] = dict(metadata or {})
         self._torch_cache: dict[str, dict[str, torch.Tensor]] = {}
         self._validate()
@@ -301,7 +411,8 @@ class Dataset:
         if len(both):
             raise ValueError(
                 f"terminals and timeouts are both set at row {int(both[0])}; a step either ends the MDP (terminal) "
-                "or is cut by a time limit (timeout): clear one of them (D4RL counts such a step as a timeout)"
+                "or is cut by a time limit (timeout): clear the timeout (from_arrays, from_episodes, from_pandas and "
+                "the D4RL and Minari readers count such a step as terminal)"
             )
         starts = self.episode_starts
         if starts.ndim != 1 or len(starts) < 2 or starts[0] != 0 or starts[-1] != n or np.any(np.diff(starts) <= 0):
@@ -309,6 +420,15 @@ class Dataset:
                 "episode_starts must increase strictly from 0 to n_transitions "
                 f"({n}); got {starts[:5].tolist()}...{starts[-3:].tolist()}"
             )
+        _check_flags_at_episode_ends(self.terminals, self.timeouts, starts)
+        if self.action_low is not None and self.action_high is not None:
+            bad = np.flatnonzero(~(self.action_low < self.action_high))
+            if len(bad):
+                j = int(bad[0])
+                raise ValueError(
+                    f"action_low[{j}] = {self.action_low[j]:.6g} is not below action_high[{j}] = "
+                    f"{self.action_high[j]:.6g}; pass the action space's bounds, low below high in every dimension"
+                )
         self._validate_actions()
 
     def _validate_actions(self) -> None:
@@ -419,6 +539,8 @@ class Dataset:
         columns = self._columns()
         masks = self._masks()
         take = _as_mask("mask", mask, n)
+        if name == "actions" and self.discrete_actions is not None:
+            _check_exact_indices("actions", values, new, take)
         if take is None:
             columns[name], masks[name] = new, None
         else:
@@ -472,11 +594,13 @@ class Dataset:
         """Build from flat per-transition arrays.
 
         Episodes end where `terminals` or `timeouts` is set (or at
-        `episode_starts` when given).  When `next_observations` is omitted it
-        is taken from the following row within each episode; the last step of
-        an episode that was cut (not terminal) then has no successor and is
-        dropped, and the step before it becomes the episode's timeout, as in
-        D4RL's `qlearning_dataset` but keeping episode boundaries.
+        `episode_starts` when given; a flag must then sit on an episode's
+        last row).  A row flagged as both is a terminal.  When
+        `next_observations` is omitted it is taken from the following row
+        within each episode; the last step of an episode that was cut (not
+        terminal) then has no successor and is dropped, and the step before
+        it becomes the episode's timeout, as in D4RL's `qlearning_dataset`
+        but keeping episode boundaries.
 
         `actions` or `rewards` may be None (missing) and `reward_mask` /
         `action_mask` mark per row which values are labelled; see `Dataset`.
@@ -502,6 +626,9 @@ class Dataset:
                     f"{name} has {len(column)} rows but observations has {n}; every column needs one row per transition"
                 )
         masks = {"rewards": _as_mask("reward_mask", reward_mask, n), "actions": _as_mask("action_mask", action_mask, n)}
+        discrete_actions = _as_discrete_count(discrete_actions)
+        if discrete_actions is not None and actions_arr is not None:
+            _check_exact_indices("actions", actions, actions_arr, masks["actions"])
         # Check values here, before rows are dropped, so that reported row
         # numbers are the caller's rows.
         for name, column in (
@@ -519,7 +646,7 @@ class Dataset:
         if episode_starts is None:
             starts = _ends_to_starts((terminals_arr > 0) | (timeouts_arr > 0), n)
         else:
-            starts = np.asarray(episode_starts, dtype=np.int64).reshape(-1)
+            starts = _as_episode_starts(episode_starts).reshape(-1)
             if len(starts) == 0 or starts[-1] != n:
                 starts = np.append(starts, n)
             if starts[0] != 0 or np.any(np.diff(starts) <= 0) or starts[-1] != n:
@@ -527,6 +654,8 @@ class Dataset:
                     f"episode_starts must start at 0 and increase strictly up to n_transitions ({n}); "
                     f"got {np.asarray(episode_starts).reshape(-1)[:5].tolist()}..."
                 )
+            # checked here, before rows are dropped, so that the row numbers are the caller's
+            _check_flags_at_episode_ends(terminals_arr, timeouts_arr, starts)
         # A cut (the final step of an episode that is not terminal) is a timeout.
         last = starts[1:] - 1
         timeouts_arr = timeouts_arr.copy()
@@ -578,15 +707,19 @@ class Dataset:
         `next_observations`), `actions` (T), `rewards` (T) and optionally
         `terminals`/`terminations`, `timeouts`/`truncations` and
         `behavior_log_probs`.  If neither flag is given, an episode counts as
-        cut by a time limit.  An episode whose actions or rewards were not
-        logged has `actions: None` / `rewards: None`; optional
-        `action_mask` / `reward_mask` entries (T flags, True = labelled) mark
-        single unlabelled steps, as `Dataset.episode` returns them.
+        cut by a time limit; a last step flagged as both is a terminal.  An
+        episode whose actions or rewards were not logged has `actions: None`
+        / `rewards: None`; optional `action_mask` / `reward_mask` entries (T
+        flags, True = labelled) mark single unlabelled steps, as
+        `Dataset.episode` returns them.  All episodes share one observation
+        and action width.
         """
         parts: dict[str, list[np.ndarray | None]] = {k: [] for k in COLUMNS}
         mask_parts: dict[str, list[np.ndarray]] = {name: [] for name in LABELS}
         lengths = []
         has_log_probs = None
+        widths: dict[str, tuple[int, int]] = {}  # column -> (width, first episode that had it)
+        discrete_actions = _as_discrete_count(discrete_actions)
         for i, episode in enumerate(episodes):
             if "actions" not in episode or "rewards" not in episode or "observations" not in episode:
                 raise ValueError(
@@ -618,6 +751,16 @@ class Dataset:
                 raise ValueError(f"episode {i} observations has {len(obs)} rows but {unit} has {t}")
             if len(next_obs) != t:
                 raise ValueError(f"episode {i} next_observations has {len(next_obs)} rows but {unit} has {t}")
+            if next_obs.shape[1] != obs.shape[1]:
+                raise ValueError(f"episode {i} next_observations has {next_obs.shape[1]} columns but observations has "
+                                 f"{obs.shape[1]}; they must describe the same state space")
+            for name, values in (("observations", obs), ("actions", actions)):
+                if values is None:
+                    continue
+                width, first = widths.setdefault(name, (values.shape[1], i))
+                if values.shape[1] != width:
+                    raise ValueError(f"episode {i} {name} has {values.shape[1]} columns but episode {first} has {width}; "
+                                     "all episodes must share one observation and action space")
             if rewards is not None and len(rewards) != t:
                 raise ValueError(f"episode {i} rewards has {len(rewards)} rows but {unit} has {t}")
             for name, values in (("rewards", rewards), ("actions", actions)):
@@ -630,6 +773,8 @@ class Dataset:
                 mask_parts[name].append(np.ones(t, bool) if mask is None else mask)
                 if values is not None:
                     _check_finite(f"episode {i} {name}", values, mask)
+                if name == "actions" and values is not None and discrete_actions is not None:
+                    _check_exact_indices(f"episode {i} actions", episode["actions"], values, mask)
             terminals = _flag(episode, ("terminals", "terminations"), t, i, unit)
             timeouts = _flag(episode, ("timeouts", "truncations"), t, i, unit)
             early = np.flatnonzero((terminals[:-1] > 0) | (timeouts[:-1] > 0))
@@ -665,10 +810,7 @@ class Dataset:
         if not lengths:
             raise ValueError("episodes is empty; a Dataset needs at least one episode")
         # Episodes without actions or rewards get placeholder rows of the right width; their mask is False.
-        widths = {a.shape[1] for a in parts["actions"] if a is not None}
-        if len(widths) > 1:
-            raise ValueError(f"episodes have actions of different widths {sorted(widths)}; all must share one action space")
-        width = widths.pop() if widths else None
+        width = widths["actions"][0] if "actions" in widths else None
         columns: dict[str, np.ndarray | None] = {}
         masks: dict[str, np.ndarray | None] = {}
         for k, v in parts.items():
@@ -707,14 +849,20 @@ class Dataset:
         timeout_column: str = "timeout",
         episode_column: str | None = "episode_id",
         log_prob_column: str = "behavior_log_prob",
+        step_column: str | None = "step",
         **kwargs: Any,
     ) -> "Dataset":
         """Build from a DataFrame with one row per transition.
 
         By default columns follow `to_pandas`: `obs_0..`, `action_0..`,
         `next_obs_0..` (optional), `reward`, `terminal`, `timeout`,
-        `episode_id` and `behavior_log_prob` (optional).  Rows of an
-        episode must be contiguous and in time order.  NaN in the reward or
+        `episode_id`, `step` (optional) and `behavior_log_prob` (optional).
+        Rows of an episode must be contiguous and in time order: when the
+        `step` column is there, rows whose step does not increase within an
+        episode are refused (and, without next-observation columns, steps
+        must be consecutive, since the next observation is the following
+        row); `step_column=None` reads the rows as they come.  A terminal or
+        timeout may only be set on an episode's last row.  NaN in the reward or
         action columns marks a missing label; `reward_column=None` or
         `action_columns=()` (with `action_dim=...`) reads a log without them.
         Other keyword arguments go to `from_arrays`.
@@ -752,13 +900,16 @@ class Dataset:
             starts = np.concatenate([[0], change, [len(ids)]])
             if len(np.unique(ids)) != len(starts) - 1:
                 raise ValueError(f"rows of each {episode_column} must be contiguous; sort the DataFrame by episode and step")
+        if step_column is not None and step_column in columns:
+            _check_steps_in_order(df, step_column, starts, terminal_column, timeout_column, next_cols is None)
         rewards = reward_mask = None
         if reward_column is not None:
             rewards = _as_float32(f"column {reward_column!r}", df[reward_column].to_numpy(), 1)
             reward_mask = ~np.isnan(rewards)
         actions = action_mask = None
         if act_cols is not None:
-            actions = _as_float32("actions", df[act_cols].to_numpy(np.float32), 2)
+            # float64 keeps discrete action indices exact until from_arrays checks them
+            actions = _frame_values(df, act_cols, "action", np.float64)
             nan = np.isnan(actions)
             partial = np.flatnonzero(nan.any(1) & ~nan.all(1))
             if len(partial):
@@ -768,12 +919,12 @@ class Dataset:
                 )
             action_mask = ~nan[:, 0]
         return cls.from_arrays(
-            observations=df[obs_cols].to_numpy(np.float32),
+            observations=_frame_values(df, obs_cols, "observation", np.float32),
             actions=actions,
             rewards=rewards,
             terminals=get(terminal_column),
             timeouts=get(timeout_column),
-            next_observations=None if next_cols is None else df[next_cols].to_numpy(np.float32),
+            next_observations=None if next_cols is None else _frame_values(df, next_cols, "next-observation", np.float32),
             behavior_log_probs=get(log_prob_column),
             episode_starts=starts,
             reward_mask=kwargs.pop("reward_mask", reward_mask),
@@ -1025,6 +1176,7 @@ class Dataset:
         seeded generator gives a repeatable stream of batches.  A label
         missing wholly is None in the batch; one missing in some rows raises.
         """
+        batch_size = _positive_int(batch_size, "batch_size")
         if device is None:
             device = generator.device if generator is not None else "cpu"
         columns = self.tensors(device)
@@ -1073,37 +1225,85 @@ class Dataset:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Dataset":
-        """Read a file written by `save` (never unpickles)."""
+        """Read a file written by `save` (never unpickles).
+
+        A file that is truncated, not an `.npz` or not written by `save`
+        raises a ValueError naming the file; so does one whose columns do
+        not make a valid Dataset.
+        """
         path = os.fspath(path)
         if not os.path.exists(path):
             raise FileNotFoundError(f"no dataset file at {path}; write one with Dataset.save(path)")
-        with np.load(path, allow_pickle=False) as data:
-            if "header" not in data:
-                raise ValueError(f"{path} is not an offrl Dataset file (no header); write it with Dataset.save")
+        header, columns, masks, starts = _read_npz(path)
+        try:
+            return cls(
+                **columns,
+                episode_starts=starts,
+                action_low=header["action_low"],
+                action_high=header["action_high"],
+                discrete_actions=header["discrete_actions"],
+                action_dim=header.get("action_dim"),
+                reward_mask=masks["rewards"],
+                action_mask=masks["actions"],
+                metadata=header["metadata"],
+            )
+        except ValueError as err:
+            raise ValueError(f"{path}: {err}") from err
+        except TypeError as err:  # e.g. a header whose metadata is not a mapping
+            raise TypeError(f"{path}: {err}") from err
+
+
+_HEADER_KEYS = ("format_version", "discrete_actions", "action_low", "action_high", "metadata")
+
+
+def _read_npz(path: str) -> tuple[dict[str, Any], dict[str, np.ndarray | None], dict[str, np.ndarray | None], np.ndarray]:
+    """(header, columns, label masks, episode_starts) of a `Dataset.save` file, or a ValueError naming the file."""
+    import zipfile
+    import zlib
+
+    def unreadable(reason: object) -> ValueError:
+        return ValueError(f"{path} is not a readable offrl Dataset file ({reason}); it may be truncated or written by "
+                          "another program: write it again with Dataset.save")
+
+    try:
+        data = np.load(path, allow_pickle=False)
+    except PermissionError:
+        raise
+    except ValueError as err:  # numpy's guess that it holds a pickle, which offrl never loads
+        raise unreadable("it is neither an .npz archive nor a .npy array") from err
+    except (OSError, EOFError, zipfile.BadZipFile) as err:
+        raise unreadable(err) from err
+    if not isinstance(data, np.lib.npyio.NpzFile):
+        raise unreadable("it holds a single array, not the named arrays that Dataset.save writes")
+    with data:
+        if "header" not in data:
+            raise ValueError(f"{path} is not an offrl Dataset file (no header); write it with Dataset.save")
+        try:
             header = json.loads(bytes(data["header"]).decode())
-            if header.get("format_version") not in _READABLE_FORMATS:
-                raise ValueError(
-                    f"{path} has Dataset format {header.get('format_version')}, this offrl reads formats "
-                    f"{list(_READABLE_FORMATS)}; re-save it with a matching offrl version"
-                )
-            columns = {k: (data[k] if k in data else None) for k in COLUMNS}
-            if header["format_version"] == FORMAT_VERSION:
-                absent = [k for k in _REQUIRED if columns[k] is None]
-                if absent:
-                    raise ValueError(f"{path} lacks column(s) {absent}; the file is damaged, write it again with Dataset.save")
-            masks = {name: (data[key] if key in data else None) for name, key in _MASK_KEYS.items()}
-            starts = data["episode_starts"]
-        return cls(
-            **columns,
-            episode_starts=starts,
-            action_low=header["action_low"],
-            action_high=header["action_high"],
-            discrete_actions=header["discrete_actions"],
-            action_dim=header.get("action_dim"),
-            reward_mask=masks["rewards"],
-            action_mask=masks["actions"],
-            metadata=header["metadata"],
+            names = set(data.files)
+            columns = {k: (data[k] if k in names else None) for k in COLUMNS}
+            masks = {name: (data[key] if key in names else None) for name, key in _MASK_KEYS.items()}
+            starts = data["episode_starts"] if "episode_starts" in names else None
+        # ValueError: bad JSON or UTF-8, or numpy refusing a pickled (object) array
+        except (ValueError, zipfile.BadZipFile, zlib.error, EOFError, OSError) as err:
+            raise unreadable(err) from err
+    if not isinstance(header, dict):
+        raise unreadable("its header is not a JSON object")
+    if header.get("format_version") not in _READABLE_FORMATS:
+        raise ValueError(
+            f"{path} has Dataset format {header.get('format_version')}, this offrl reads formats "
+            f"{list(_READABLE_FORMATS)}; re-save it with a matching offrl version"
         )
+    missing = [k for k in _HEADER_KEYS if k not in header]
+    if missing:
+        raise unreadable(f"its header lacks {missing}")
+    if header["format_version"] == FORMAT_VERSION:
+        absent = [k for k in _REQUIRED if columns[k] is None]
+        if absent:
+            raise ValueError(f"{path} lacks column(s) {absent}; the file is damaged, write it again with Dataset.save")
+    if starts is None:
+        raise unreadable("it lacks episode_starts")
+    return header, columns, masks, starts
 
 
 def _placeholder(name: str, n: int, action_dim: int | None) -> np.ndarray:
@@ -1133,9 +1333,13 @@ def _resolve_action_dim(actions: np.ndarray | None, action_dim: int | None, acti
         return 1
     if action_dim is not None:
         return action_dim
-    sizes = {np.size(b) for b in (action_low, action_high) if b is not None and np.ndim(b) >= 1}
-    if len(sizes) == 1:
-        return sizes.pop()
+    sizes = {name: np.size(b) for name, b in (("action_low", action_low), ("action_high", action_high))
+             if b is not None and np.ndim(b) >= 1}
+    if len(set(sizes.values())) == 1:
+        return sizes.popitem()[1]
+    if len(sizes) == 2:
+        raise ValueError(f"action_low has {sizes['action_low']} values but action_high has {sizes['action_high']}; "
+                         "pass one bound per action dimension in both")
     raise ValueError(
         "actions is None (not logged), so the action dimension is unknown; pass action_dim=... "
         "(or per-dimension action_low/action_high, or discrete_actions)"
@@ -1182,3 +1386,41 @@ def _successor_rows(starts: np.ndarray, terminals: np.ndarray) -> tuple[np.ndarr
             "pass next_observations explicitly"
         )
     return np.flatnonzero(keep), np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+
+
+def _frame_values(df: Any, cols: list[str], kind: str, dtype: Any) -> np.ndarray:
+    """DataFrame columns as one numeric array (missing values as NaN), or a ValueError naming them."""
+    try:
+        return df[cols].to_numpy(dtype=dtype, na_value=np.nan)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"the {kind} columns {cols} must be numeric ({err}); convert them to numbers") from err
+
+
+def _check_steps_in_order(df: Any, step_column: str, starts: np.ndarray | None, terminal_column: str,
+                          timeout_column: str, consecutive: bool) -> None:
+    """A DataFrame's steps increase within each episode (by exactly 1 when next observations come from the next row)."""
+    steps = _as_float32(f"column {step_column!r}", df[step_column].to_numpy(), 1).astype(np.float64)
+    _check_finite(f"column {step_column!r}", steps)
+    n = len(steps)
+    if starts is None:  # episodes end at the flags, as from_arrays splits them
+        ends = np.zeros(n, dtype=bool)
+        for name in (terminal_column, timeout_column):
+            if name in df.columns:
+                ends |= _as_float32(f"column {name!r}", df[name].to_numpy(), 1) != 0
+        starts = _ends_to_starts(ends, n)
+    same_episode = np.ones(max(n - 1, 0), dtype=bool)
+    same_episode[starts[1:-1] - 1] = False  # row r -> r + 1 crosses into a new episode
+    step = np.diff(steps)
+    bad = np.flatnonzero(same_episode & ((step != 1) if consecutive else (step <= 0)))
+    if len(bad):
+        row = int(bad[0]) + 1
+        episode = int(np.searchsorted(starts, row, side="right") - 1)
+        before, after = (df[step_column].iloc[row - 1], df[step_column].iloc[row])
+        before, after = (v.item() if hasattr(v, "item") else v for v in (before, after))
+        if step[row - 1] > 0:
+            why = ("steps must be consecutive: without next-observation columns the next observation is taken from "
+                   "the following row; add next_obs_* columns or fill the gap")
+        else:
+            why = "rows of an episode must be in time order: sort the DataFrame by episode and step"
+        raise ValueError(f"column {step_column!r} goes from {before} to {after} at row {row} (episode {episode}); "
+                         f"{why} (or pass step_column=None to read the rows as they come)")

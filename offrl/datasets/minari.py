@@ -9,8 +9,9 @@ from typing import Any, Iterator
 import numpy as np
 
 from offrl.datasets.core import Dataset
+from offrl.datasets.files import check_path_name
 
-__all__ = ["load_minari", "to_minari", "minari_datasets_path"]
+__all__ = ["load_minari", "to_minari", "minari_datasets_path", "check_minari_id"]
 
 _LOG_PROB_KEY = "action_log_probs"
 _NEXT_OBS_KEY = "next_observations"
@@ -31,6 +32,20 @@ def minari_datasets_path(path: str | os.PathLike | None) -> Iterator[None]:
             os.environ.pop("MINARI_DATASETS_PATH", None)
         else:
             os.environ["MINARI_DATASETS_PATH"] = old
+
+
+def check_minari_id(dataset_id: object) -> str:
+    """`dataset_id` when every '/'-separated part is a safe folder name, else a ValueError naming the id.
+
+    A Minari id becomes a folder path under the data path ("mujoco/hopper/medium-v0" -> three folders), so
+    '..', empty parts (leading, doubled or trailing '/'), backslashes and leading dots are refused before
+    anything touches the disk.
+    """
+    if not isinstance(dataset_id, str):
+        raise TypeError(f"Minari dataset id must be a string, got {type(dataset_id).__name__} ({dataset_id!r})")
+    for part in dataset_id.split("/"):
+        check_path_name(part, f"Minari dataset id {dataset_id!r}: the part")
+    return dataset_id
 
 
 def _space_bounds(space: Any) -> dict[str, Any]:
@@ -58,15 +73,27 @@ def _step_info(infos: dict, key: str, t: int, episode_id: Any) -> np.ndarray:
         value = value[1:]
     if len(value) != t:
         raise ValueError(
-            f"Minari episode {episode_id}: info {key!r} has {len(value)} rows for {t} steps; expected {t} or {t + 1}"
+            f"episode {episode_id}: info {key!r} has {len(value)} rows for {t} steps; expected {t} or {t + 1}"
         )
     return value
 
 
 def load_minari(dataset_id: str, data_path: str | os.PathLike | None = None, download: bool = False) -> Dataset:
-    """Load a local Minari dataset (`minari.load_dataset`) into a Dataset."""
+    """Load a local Minari dataset (`minari.load_dataset`) into a Dataset.
+
+    The action bounds come from the dataset's action space (None where it is
+    unbounded); errors in the data name the dataset.
+    """
     import minari
 
+    check_minari_id(dataset_id)
+    try:
+        return _load_minari(minari, dataset_id, data_path, download)
+    except ValueError as err:
+        raise ValueError(f"Minari dataset {dataset_id!r}: {err}") from err
+
+
+def _load_minari(minari: Any, dataset_id: str, data_path: str | os.PathLike | None, download: bool) -> Dataset:
     with minari_datasets_path(data_path):
         try:
             md = minari.load_dataset(dataset_id, download=download)
@@ -135,6 +162,7 @@ def to_minari(
     place for missing labels, so a dataset lacking any rewards or actions is
     refused (label it first).
     """
+    check_minari_id(dataset_id)  # before Minari creates any folder
     import gymnasium as gym
     import minari
     from minari.data_collector import EpisodeBuffer

@@ -24,7 +24,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import torch
 
-from offrl.datasets.core import LABELS, Batch, Dataset, episode_returns_to_go, episode_timesteps
+from offrl.datasets.core import (LABELS, Batch, Dataset, _as_episode_starts, _positive_int, episode_returns_to_go,
+                                 episode_timesteps)
 
 __all__ = ["TransitionSampler", "MixtureSampler", "SegmentSampler", "SegmentBatch", "allocate_counts"]
 
@@ -80,12 +81,6 @@ def _draw(n: int, count: int, generator: torch.Generator | None, device: torch.d
     return index if index.device == device else index.to(device)  # e.g. a CPU generator feeding a GPU batch
 
 
-def _positive_int(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)
-
-
 def _dataset_columns(dataset: Dataset, names: Sequence[str], owner: str) -> dict[str, np.ndarray]:
     """Dataset columns by name; a label missing wholly is left out, one missing in some rows raises."""
     out = {}
@@ -123,8 +118,8 @@ class TransitionSampler:
         if missing:
             raise ValueError(f"TransitionSampler columns lack {missing}; a transition batch needs "
                              f"{list(_TRANSITION_REQUIRED)} (and usually actions and rewards)")
+        self.batch_size = _positive_int(batch_size, "TransitionSampler batch_size")  # before packing any data
         self._packed = _Packed(columns, "TransitionSampler")
-        self.batch_size = _positive_int(batch_size, "TransitionSampler batch_size")
         self._n = self._packed.n
 
     @classmethod
@@ -323,8 +318,8 @@ class SegmentSampler:
             raise ValueError(f"gamma must lie in [0, 1], got {gamma}")
         self.gamma, self.padding = gamma, padding
         n = next(iter(columns.values())).shape[0]
-        starts = np.asarray(episode_starts.cpu() if isinstance(episode_starts, torch.Tensor) else episode_starts,
-                            dtype=np.int64).reshape(-1)
+        starts = _as_episode_starts(episode_starts.cpu().numpy() if isinstance(episode_starts, torch.Tensor)
+                                    else episode_starts).reshape(-1)
         if len(starts) < 2 or starts[0] != 0 or starts[-1] != n or np.any(np.diff(starts) <= 0):
             raise ValueError(f"episode_starts must increase strictly from 0 to the number of rows ({n}); "
                              f"got {starts[:5].tolist()}...{starts[-3:].tolist()}")
