@@ -4,7 +4,11 @@
 
 The file has D4RL's keys (observations, actions, rewards, terminals, timeouts,
 next_observations, infos/action_log_probs), so `offrl datasets info` and
-`offrl.datasets.load` read it exactly as they read a D4RL download.
+`offrl.datasets.load` read it exactly as they read a D4RL download.  D4RL's
+files do not store the action space; offrl knows the bounds of D4RL's own
+environments, and for this file they are passed when loading:
+
+    offrl.datasets.load("pendulum-random.hdf5", action_low=-2.0, action_high=2.0)
 """
 
 from __future__ import annotations
@@ -39,7 +43,8 @@ def main() -> None:
         for key, values in columns.items():
             f.create_dataset(key, data=np.asarray(values, dtype=bool if key in ("terminals", "timeouts") else np.float32))
         f.create_dataset("infos/action_log_probs", data=np.full(args.steps, log_prob, np.float32))
-    print(f"wrote {args.steps} transitions to {args.path}")
+    print(f"wrote {args.steps} transitions to {args.path}; load it with "
+          f"offrl.datasets.load({args.path!r}, action_low=-2.0, action_high=2.0)")
 
 
 if __name__ == "__main__":
