@@ -294,8 +294,9 @@ class CQL(OfflineAlgorithm):
 class CalQL(CQL):
     """Cal-QL: CQL whose penalty is calibrated by Monte-Carlo returns-to-go of the dataset (needs episodes).
 
-    `sparse_rewards=True` treats episodes ending on the dataset's lowest
-    reward as failures worth r_min / (1 - gamma) at every step (AntMaze).
+    `sparse_rewards=True` treats episodes whose rewards all equal the
+    dataset's lowest reward (the goal never reached) as failures worth
+    r_min / (1 - gamma) at every step (AntMaze; the reference rule).
     Every other parameter is CQL's, with CQL's defaults.
     """
 
