@@ -21,6 +21,16 @@ DM_i = sum_a action_dist[i, a, p_i] q_i(a):
 - DRShrinkage (DRos): mean(DM_i + w' (r - q_i(a_i))), w' = lambda_ w / (w^2 + lambda_)
   (w' = 0 when lambda_ = 0, where OBP computes 0/0 for w = 0).
 
+Hoeffding and Bernstein intervals (`interval=`) use `reward_bound` and
+`weight_bound` (an upper bound on pi_e / pi_b) as the ranges they need;
+without them the observed rewards and the largest observed weight are used,
+and the diagnostics say that these are not guaranteed ranges.  A finite
+`lambda_` bounds the correction weights of IPW, DR and Switch-DR by lambda_
+and of DRos by sqrt(lambda_) / 2, which is guaranteed.  DR-type estimators
+also use the observed range of `estimated_rewards_by_reg_model`.  SNIPW and
+SNDR bound each ratio through its numerator and denominator (see
+`offrl.ope.results`); the point estimates are OBP's in every case.
+
 `RegressionModel` fits q_hat with any scikit-learn regressor or classifier,
 one per position, with OBP's features (context, one-hot action) and
 fitting methods ("normal", "iw", "mrdr"), and cross-fits with `n_folds` > 1.
@@ -36,12 +46,18 @@ import numpy as np
 import sklearn.base
 
 from offrl.ope.results import (
+    CONCENTRATION,
+    OBSERVED_Q,
+    OBSERVED_WEIGHTS,
+    ColumnRanges,
     OPEResult,
     OPEWarning,
     RatioComponents,
     check_alpha,
+    check_weight_bound,
     effective_sample_size,
     make_result,
+    reward_range,
     sample_bound_from_rewards,
 )
 
@@ -168,11 +184,13 @@ class _BanditEstimator(sklearn.base.BaseEstimator):
     needs_q = False
 
     def __init__(self, *, interval: str = "bootstrap", alpha: float = 0.05, n_bootstrap: int = 2000,
-                 reward_bound: tuple[float, float] | None = None, random_state: Any = 0, warn: bool = True) -> None:
+                 reward_bound: tuple[float, float] | None = None, weight_bound: float | None = None,
+                 random_state: Any = 0, warn: bool = True) -> None:
         self.interval = interval
         self.alpha = alpha
         self.n_bootstrap = n_bootstrap
         self.reward_bound = reward_bound
+        self.weight_bound = weight_bound
         self.random_state = random_state
         self.warn = warn
 
@@ -180,8 +198,49 @@ class _BanditEstimator(sklearn.base.BaseEstimator):
     def _components(self, d: dict[str, Any]) -> RatioComponents:
         raise NotImplementedError
 
-    def _bound(self, d: dict[str, Any]) -> Any:
+    def _interval_ranges(self, d: dict[str, Any], diag: dict[str, Any]) -> tuple[Any, ColumnRanges | None]:
+        """(bound, ranges) for make_result's concentration intervals, their sources written to `diag`."""
+        return sample_bound_from_rewards(self.reward_bound, 1.0), None
+
+    def _guaranteed_weight_bound(self) -> float | None:
+        """A bound on the weights the estimator uses that holds by construction (e.g. from clipping)."""
         return None
+
+    def _used_weights(self, d: dict[str, Any]) -> np.ndarray:
+        return d["iw"]
+
+    # -- ranges for concentration intervals
+    def _rewards(self, d: dict[str, Any], diag: dict[str, Any]) -> tuple[float, float]:
+        low, high, source = reward_range(self.reward_bound, d["reward"])
+        diag.update({"reward_low": low, "reward_high": high, "reward_bound_source": source})
+        return low, high
+
+    def _weight_range(self, d: dict[str, Any], diag: dict[str, Any]) -> float:
+        """W with 0 <= used weight <= W: the smallest guaranteed bound (weight_bound, clipping), else the observed maximum."""
+        given = check_weight_bound(self.weight_bound)
+        raw = d["iw"]
+        if given is not None and len(raw):
+            if float(raw.max()) > given * (1 + 1e-6):  # up to rounding
+                raise ValueError(f"weight_bound={given:.6g} but the largest importance weight pi_e / pi_b in the data "
+                                 f"is {float(raw.max()):.6g}; weight_bound must hold for every weight (or leave it "
+                                 "None to use the observed maximum)")
+            given = max(given, float(raw.max()))
+        candidates = [(given, "given"), (self._guaranteed_weight_bound(), "lambda_ (a range guaranteed by construction)")]
+        candidates = [(value, source) for value, source in candidates if value is not None]
+        if candidates:
+            bound, source = min(candidates, key=lambda c: c[0])
+        else:
+            used = self._used_weights(d)
+            bound, source = (float(used.max()) if len(used) else 0.0), OBSERVED_WEIGHTS
+        bound = max(bound, 1e-300)  # all weights 0: any positive bound holds
+        diag.update({"weight_bound": bound, "weight_bound_source": source})
+        return bound
+
+    def _q_range(self, d: dict[str, Any], diag: dict[str, Any]) -> tuple[float, float]:
+        q = d["q_at_pos"]
+        low, high = float(q.min()), float(q.max())
+        diag.update({"q_range_low": low, "q_range_high": high, "q_range_source": OBSERVED_Q})
+        return low, high
 
     # -- plumbing
     def _inputs(self, reward: Any, action: Any, pscore: Any, action_dist: Any, position: Any,
@@ -252,8 +311,10 @@ class _BanditEstimator(sklearn.base.BaseEstimator):
             raise ValueError(f"{type(self).__name__} needs action_dist=... of shape (n_rounds, n_actions, len_list)")
         d = self._inputs(reward, action, pscore, action_dist, position, estimated_rewards_by_reg_model)
         diag = self._support_diagnostics(d)
+        check_weight_bound(self.weight_bound)
+        bound, ranges = self._interval_ranges(d, diag) if self.interval in CONCENTRATION else (None, None)
         return make_result(self._components(d), self.estimator_name, interval=self.interval, alpha=self.alpha,
-                           n_bootstrap=self.n_bootstrap, random_state=self.random_state, bound=self._bound(d),
+                           n_bootstrap=self.n_bootstrap, random_state=self.random_state, bound=bound, ranges=ranges,
                            diagnostics=diag)
 
     def estimate_policy_value(self, reward: Any = None, action: Any = None, action_dist: Any = None,
@@ -297,10 +358,10 @@ class IPW(_BanditEstimator):
     estimator_name = "ipw"
 
     def __init__(self, *, lambda_: float = np.inf, interval: str = "bootstrap", alpha: float = 0.05,
-                 n_bootstrap: int = 2000, reward_bound: tuple[float, float] | None = None, random_state: Any = 0,
-                 warn: bool = True) -> None:
+                 n_bootstrap: int = 2000, reward_bound: tuple[float, float] | None = None,
+                 weight_bound: float | None = None, random_state: Any = 0, warn: bool = True) -> None:
         super().__init__(interval=interval, alpha=alpha, n_bootstrap=n_bootstrap, reward_bound=reward_bound,
-                         random_state=random_state, warn=warn)
+                         weight_bound=weight_bound, random_state=random_state, warn=warn)
         self.lambda_ = lambda_
 
     def _check_lambda(self) -> float:
@@ -312,8 +373,17 @@ class IPW(_BanditEstimator):
     def _components(self, d: dict[str, Any]) -> RatioComponents:
         return RatioComponents(d["reward"] * np.minimum(d["iw"], self._check_lambda()))
 
-    def _bound(self, d: dict[str, Any]) -> Any:
-        return sample_bound_from_rewards(self.reward_bound, 1.0, float(np.minimum(d["iw"], self._check_lambda()).max()))
+    def _used_weights(self, d: dict[str, Any]) -> np.ndarray:
+        return np.minimum(d["iw"], self._check_lambda())
+
+    def _guaranteed_weight_bound(self) -> float | None:
+        lam = self._check_lambda()  # every weight used is at most lambda_
+        return max(lam, 1e-300) if math.isfinite(lam) else None
+
+    def _interval_ranges(self, d: dict[str, Any], diag: dict[str, Any]) -> tuple[Any, ColumnRanges | None]:
+        low, high = self._rewards(d, diag)
+        top = self._weight_range(d, diag)
+        return (min(0.0, top * low), max(0.0, top * high)), None
 
 
 class SNIPW(_BanditEstimator):
@@ -324,8 +394,9 @@ class SNIPW(_BanditEstimator):
     def _components(self, d: dict[str, Any]) -> RatioComponents:
         return RatioComponents(d["reward"] * d["iw"], d["iw"])
 
-    def _bound(self, d: dict[str, Any]) -> Any:
-        return sample_bound_from_rewards(self.reward_bound, 1.0)
+    def _interval_ranges(self, d: dict[str, Any], diag: dict[str, Any]) -> tuple[Any, ColumnRanges | None]:
+        low, high = self._rewards(d, diag)
+        return None, ColumnRanges([low], [high], [self._weight_range(d, diag)])
 
 
 class DirectMethod(_BanditEstimator):
@@ -337,9 +408,6 @@ class DirectMethod(_BanditEstimator):
 
     def _components(self, d: dict[str, Any]) -> RatioComponents:
         return RatioComponents(d["dm"])
-
-    def _bound(self, d: dict[str, Any]) -> Any:
-        return sample_bound_from_rewards(self.reward_bound, 1.0)
 
     def _support_diagnostics(self, d: dict[str, Any]) -> dict[str, Any]:
         return {}
@@ -357,8 +425,15 @@ class DR(IPW):
     def _components(self, d: dict[str, Any]) -> RatioComponents:
         return RatioComponents(d["dm"] + self._correction_weights(d) * (d["reward"] - d["q_factual"]))
 
-    def _bound(self, d: dict[str, Any]) -> Any:
-        return None
+    def _used_weights(self, d: dict[str, Any]) -> np.ndarray:
+        return self._correction_weights(d)
+
+    def _interval_ranges(self, d: dict[str, Any], diag: dict[str, Any]) -> tuple[Any, ColumnRanges | None]:
+        # DM_i in [q_low, q_high] (a mixture of predictions), r - q_hat(a_i) in [r_min - q_high, r_max - q_low]
+        low, high = self._rewards(d, diag)
+        q_low, q_high = self._q_range(d, diag)
+        top = self._weight_range(d, diag)
+        return (q_low + top * min(0.0, low - q_high), q_high + top * max(0.0, high - q_low)), None
 
 
 class SNDR(_BanditEstimator):
@@ -372,6 +447,13 @@ class SNDR(_BanditEstimator):
         num = np.stack([d["dm"], w * (d["reward"] - d["q_factual"])], axis=1)
         den = np.stack([np.ones_like(w), w], axis=1)
         return RatioComponents(num, den)
+
+    def _interval_ranges(self, d: dict[str, Any], diag: dict[str, Any]) -> tuple[Any, ColumnRanges | None]:
+        # column 0: mean(DM_i), a plain mean in [q_low, q_high]; column 1: a ratio with X = r - q_hat(a_i)
+        low, high = self._rewards(d, diag)
+        q_low, q_high = self._q_range(d, diag)
+        top = self._weight_range(d, diag)
+        return None, ColumnRanges([q_low, low - q_high], [q_high, high - q_low], [np.nan, top])
 
 
 class SwitchDR(DR):
@@ -390,10 +472,17 @@ class DRShrinkage(DR):
     estimator_name = "dr-os"
 
     def __init__(self, *, lambda_: float = 0.0, interval: str = "bootstrap", alpha: float = 0.05,
-                 n_bootstrap: int = 2000, reward_bound: tuple[float, float] | None = None, random_state: Any = 0,
-                 warn: bool = True) -> None:
+                 n_bootstrap: int = 2000, reward_bound: tuple[float, float] | None = None,
+                 weight_bound: float | None = None, random_state: Any = 0, warn: bool = True) -> None:
         super().__init__(lambda_=lambda_, interval=interval, alpha=alpha, n_bootstrap=n_bootstrap,
-                         reward_bound=reward_bound, random_state=random_state, warn=warn)
+                         reward_bound=reward_bound, weight_bound=weight_bound, random_state=random_state, warn=warn)
+
+    def _guaranteed_weight_bound(self) -> float | None:
+        # lambda w / (w^2 + lambda) <= sqrt(lambda) / 2 (at w = sqrt(lambda)); 0 for lambda = 0
+        lam = self._check_lambda()
+        if math.isinf(lam):
+            return None
+        return math.sqrt(lam) / 2 if lam > 0 else 1e-300
 
     def _correction_weights(self, d: dict[str, Any]) -> np.ndarray:
         lam = self._check_lambda()

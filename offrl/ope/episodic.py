@@ -17,6 +17,16 @@ cumulative weight carried forward (so the weighted estimators stay
 consistent for variable-length episodes).  The estimand is the expected
 discounted return over the first `horizon` steps (episodes end earlier at
 terminals), from the dataset's initial states.
+
+Hoeffding and Bernstein intervals (`interval=`) need ranges: `reward_bound`
+(r_min, r_max) and `weight_bound`, an upper bound on the weights the
+estimator uses (the trajectory weight w_{0:H-1} for IS and WIS, every
+cumulative weight w_{0:t} for PDIS, WPDIS, DR and WDR; e.g. rho^H when every
+per-step ratio pi_e / pi_b <= rho, rho >= 1).  Without them the observed
+rewards and the largest observed weight are used, and the diagnostics say
+that these are not guaranteed ranges; DR and WDR also use the observed range
+of the Q model's outputs.  The weighted estimators' intervals bound each
+step's ratio through its numerator and denominator (see `offrl.ope.results`).
 """
 
 from __future__ import annotations
@@ -31,14 +41,20 @@ import sklearn.base
 from offrl.datasets.core import Dataset
 from offrl.ope.behavior import StepLogRatios, as_target_policy, log_importance_ratios, weight_diagnostics
 from offrl.ope.results import (
+    CONCENTRATION,
+    OBSERVED_Q,
+    ColumnRanges,
     OPEResult,
     OPEWarning,
     RatioComponents,
     check_gamma,
     check_horizon,
+    check_weight_bound,
     effective_sample_size,
     make_result,
-    sample_bound_from_rewards,
+    resolve_log_weight_bound,
+    return_range,
+    reward_range,
 )
 
 __all__ = [
@@ -88,11 +104,26 @@ def _cumulative_log_weights(grid: EpisodeGrid, log_ratio: np.ndarray) -> np.ndar
         return np.cumsum(lr, axis=1)  # -inf stays -inf (weight 0) once reached
 
 
+def _column_tops(log_w: np.ndarray) -> np.ndarray:
+    """The per-column log scale `_scaled` divides by: the largest log weight (0 where none is finite)."""
+    top = np.max(log_w, axis=0)
+    return np.where(np.isfinite(top), top, 0.0)
+
+
 def _scaled(log_w: np.ndarray) -> np.ndarray:
     """exp(log_w - max over episodes) per column: the weights up to a per-step constant (for ratio estimators)."""
-    top = np.max(log_w, axis=0, keepdims=True)
-    top = np.where(np.isfinite(top), top, 0.0)
-    return np.exp(log_w - top)
+    return np.exp(log_w - _column_tops(log_w))
+
+
+def _max_log(log_w: np.ndarray) -> float:
+    """Largest finite log weight (0 when every weight is 0: any positive bound then holds)."""
+    finite = log_w[np.isfinite(log_w)]
+    return float(finite.max()) if len(finite) else 0.0
+
+
+def _scaled_bounds(log_bound: float, tops: np.ndarray) -> np.ndarray:
+    """The weight bound in `_scaled` units, per column (capped where it overflows: the bound is then vacuous)."""
+    return np.exp(np.minimum(log_bound - tops, 690.0))
 
 
 def _exp_weights(log_w: np.ndarray, notes: list[str]) -> np.ndarray:
@@ -119,6 +150,7 @@ class _EpisodicEstimator(sklearn.base.BaseEstimator):
         alpha: float = 0.05,
         n_bootstrap: int = 2000,
         reward_bound: tuple[float, float] | None = None,
+        weight_bound: float | None = None,
         random_state: Any = 0,
         warn: bool = True,
     ) -> None:
@@ -129,6 +161,7 @@ class _EpisodicEstimator(sklearn.base.BaseEstimator):
         self.alpha = alpha
         self.n_bootstrap = n_bootstrap
         self.reward_bound = reward_bound
+        self.weight_bound = weight_bound
         self.random_state = random_state
         self.warn = warn
 
@@ -179,13 +212,28 @@ class _EpisodicEstimator(sklearn.base.BaseEstimator):
             warnings.warn(f"{self.name}: {diag['warning']}", OPEWarning, stacklevel=4)
         return diag
 
-    def _result(self, components: RatioComponents, diag: dict[str, Any], bound: Any) -> OPEResult:
+    def _result(self, components: RatioComponents, diag: dict[str, Any], bound: Any = None,
+                ranges: ColumnRanges | None = None) -> OPEResult:
         return make_result(components, self.name, interval=self.interval, alpha=self.alpha,
                            n_bootstrap=self.n_bootstrap, random_state=self.random_state,
-                           bound=bound, diagnostics=diag)
+                           bound=bound, ranges=ranges, diagnostics=diag)
 
-    def _return_scale(self, grid: EpisodeGrid) -> float:
-        return float(grid.discounts(check_gamma(self.gamma)).sum())
+    def _concentration(self) -> bool:
+        check_weight_bound(self.weight_bound)
+        return self.interval in CONCENTRATION
+
+    def _bounds(self, dataset: Dataset, grid: EpisodeGrid, log_w: np.ndarray, diag: dict[str, Any]
+                ) -> tuple[float, float, float]:
+        """(r_min, r_max, log W) for a concentration interval, their sources written to `diag`.
+
+        W bounds the weights in `log_w` (those the estimator uses): `weight_bound`
+        when given (checked against the data), else their observed maximum.
+        """
+        r_min, r_max, r_source = reward_range(self.reward_bound, grid.take(dataset.rewards)[grid.mask])
+        log_bound, w_source = resolve_log_weight_bound(self.weight_bound, _max_log(log_w), "cumulative importance weight")
+        diag.update({"weight_bound": float(np.exp(min(log_bound, _MAX_LOG_WEIGHT))), "weight_bound_source": w_source,
+                     "reward_low": r_min, "reward_high": r_max, "reward_bound_source": r_source})
+        return r_min, r_max, log_bound
 
 
 class _ISFamily(_EpisodicEstimator):
@@ -201,16 +249,13 @@ class _ISFamily(_EpisodicEstimator):
         gamma, grid, ratios = self._prepare(dataset, policy, behavior, log_ratios)
         notes: list[str] = []
         log_w = _cumulative_log_weights(grid, ratios.log_ratio)
-        rewards = grid.take(dataset.rewards) * grid.discounts(gamma)
+        disc = grid.discounts(gamma)
+        rewards = grid.take(dataset.rewards) * disc
         final = log_w[:, -1]
+        used = log_w if self.per_decision else final[:, None]  # the weights this estimator multiplies rewards by
         if self.self_normalized:
-            if self.per_decision:
-                w = _scaled(log_w)
-                components = RatioComponents(w * rewards, w)
-            else:
-                w = _scaled(final[:, None])[:, 0]
-                components = RatioComponents(w * rewards.sum(1), w)
-            bound = sample_bound_from_rewards(self.reward_bound, self._return_scale(grid))
+            w = _scaled(used)
+            components = RatioComponents(w * rewards, w) if self.per_decision else RatioComponents(w * rewards.sum(1, keepdims=True), w)
         else:
             w = _exp_weights(log_w, notes)
             if self.per_decision:
@@ -218,11 +263,24 @@ class _ISFamily(_EpisodicEstimator):
             else:
                 samples = w[:, -1] * rewards.sum(1)
             components = RatioComponents(samples)
-            bound = sample_bound_from_rewards(self.reward_bound, self._return_scale(grid), float(w.max()))
         diag = self._diagnostics(grid, ratios, log_w, notes)
-        if bound is not None and not self.self_normalized:
-            diag["bound_note"] = "range uses the observed maximum importance weight"
-        return self._result(components, diag, bound)
+        bound = ranges = None
+        if self._concentration():
+            r_min, r_max, log_bound = self._bounds(dataset, grid, used, diag)
+            g_min, g_max = return_range(r_min, r_max, disc)
+            if self.self_normalized and self.per_decision:
+                # step t: X_t = gamma^t r_t (0 once the episode has ended; every episode is alive at t = 0)
+                alive_low = np.where(np.arange(grid.horizon) == 0, r_min, min(r_min, 0.0))
+                alive_high = np.where(np.arange(grid.horizon) == 0, r_max, max(r_max, 0.0))
+                ranges = ColumnRanges(disc * alive_low, disc * alive_high, _scaled_bounds(log_bound, _column_tops(used)))
+            elif self.self_normalized:
+                ranges = ColumnRanges([g_min], [g_max], _scaled_bounds(log_bound, _column_tops(used)))
+            else:
+                top = float(np.exp(min(log_bound, _MAX_LOG_WEIGHT)))
+                scale = float(disc.sum())
+                bound = ((scale * min(0.0, top * r_min), scale * max(0.0, top * r_max)) if self.per_decision
+                         else (min(0.0, top * g_min), max(0.0, top * g_max)))
+        return self._result(components, diag, bound, ranges)
 
 
 class ImportanceSampling(_ISFamily):
@@ -317,11 +375,13 @@ class _DRFamily(_EpisodicEstimator):
         alpha: float = 0.05,
         n_bootstrap: int = 2000,
         reward_bound: tuple[float, float] | None = None,
+        weight_bound: float | None = None,
         random_state: Any = 0,
         warn: bool = True,
     ) -> None:
         super().__init__(gamma=gamma, horizon=horizon, bandwidth=bandwidth, interval=interval, alpha=alpha,
-                         n_bootstrap=n_bootstrap, reward_bound=reward_bound, random_state=random_state, warn=warn)
+                         n_bootstrap=n_bootstrap, reward_bound=reward_bound, weight_bound=weight_bound,
+                         random_state=random_state, warn=warn)
         self.q_function = q_function
         self.fqe_params = fqe_params
 
@@ -366,15 +426,39 @@ class _DRFamily(_EpisodicEstimator):
             num = np.concatenate([disc * w * (rewards - q_sa), disc * w_prev * v_s], axis=1)
             den = np.concatenate([w, w_prev], axis=1)
             components = RatioComponents(num, den)
-            bound = None
         else:
             w, w_prev = _exp_weights(log_w, notes), np.exp(np.minimum(log_w_prev, _MAX_LOG_WEIGHT))
             samples = (disc * (w * (rewards - q_sa) + w_prev * v_s)).sum(1)
             components = RatioComponents(samples)
-            bound = None
         diag = self._diagnostics(grid, ratios, log_w, notes)
         diag["dm_value"] = float(v_s[:, 0].mean())
-        return self._result(components, diag, bound)
+        bound = ranges = None
+        if self._concentration():
+            r_min, r_max, log_bound = self._bounds(dataset, grid, log_w, diag)
+            log_bound_prev = max(log_bound, 0.0)  # w_{0:-1} = 1
+            # the Q model's outputs are only known on the logged states: their observed range
+            q_low, q_high = float(q_sa[mask].min()), float(q_sa[mask].max())
+            v_low, v_high = float(v_s[mask].min()), float(v_s[mask].max())
+            diag.update({"q_range_low": min(q_low, v_low), "q_range_high": max(q_high, v_high),
+                         "q_range_source": OBSERVED_Q})
+            d_low, d_high = r_min - q_high, r_max - q_low  # r_t - Q(s_t, a_t)
+            first = np.arange(grid.horizon) == 0  # every episode is alive at t = 0; later terms may be 0
+            if self.self_normalized:
+                x_low = np.concatenate([disc * np.where(first, d_low, min(d_low, 0.0)),
+                                        disc * np.where(first, v_low, min(v_low, 0.0))])
+                x_high = np.concatenate([disc * np.where(first, d_high, max(d_high, 0.0)),
+                                         disc * np.where(first, v_high, max(v_high, 0.0))])
+                prev_bounds = _scaled_bounds(log_bound_prev, _column_tops(log_w_prev))
+                prev_bounds[0] = np.nan  # w_{0:-1} = 1 for every episode: a plain mean of V(s_0)
+                ranges = ColumnRanges(x_low, x_high,
+                                      np.concatenate([_scaled_bounds(log_bound, _column_tops(log_w)), prev_bounds]))
+            else:
+                top = float(np.exp(min(log_bound, _MAX_LOG_WEIGHT)))
+                top_prev = float(np.exp(min(log_bound_prev, _MAX_LOG_WEIGHT)))
+                scale = float(disc.sum())
+                bound = (scale * (top * min(0.0, d_low) + top_prev * min(0.0, v_low)),
+                         scale * (top * max(0.0, d_high) + top_prev * max(0.0, v_high)))
+        return self._result(components, diag, bound, ranges)
 
 
 def _accepts_dataset(q: Any) -> bool:

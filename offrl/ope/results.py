@@ -15,6 +15,42 @@ sample standard deviation s (ddof=1), level 1 - alpha, delta = alpha):
 - ``"bootstrap"``: percentile bootstrap over episodes (rounds for bandits),
   seeded; self-normalised estimators are recomputed on every resample.
 
+Hoeffding and Bernstein ("concentration") intervals need a range, and for an
+importance-weighted estimator the range is set by the weights:
+
+- Plain means (IS, PDIS, IPW, DR, ...): R is the range of the per-sample
+  terms, e.g. [min(0, W a), max(0, W b)] for w r with rewards in [a, b] and
+  weights in [0, W].
+- Self-normalised ratios (WIS, SNIPW, and each step's ratio of WPDIS, WDR,
+  SNDR): the estimand is sum_k E[w_k X_k] / E[w_k] with X_k in [a_k, b_k]
+  and 0 <= w_k <= W_k.  A linearised interval around the ratio is not a valid
+  concentration bound (its range ignores max w / mean w), so each ratio is
+  bounded through its numerator and denominator: N_k = E[w_k (X_k - a_k)],
+  range W_k (b_k - a_k), and D_k = E[w_k], range W_k, each bounded two-sided at
+  level delta / (2K) (a union bound over the 2K events), so that with
+  probability at least 1 - delta every N_k in [N_lo, N_hi] and D_k in
+  [D_lo, D_hi], whence (N_k >= 0, D_k > 0)
+
+      a_k + max(N_lo, 0) / D_hi  <=  E[w_k X_k] / E[w_k]  <=  a_k + N_hi / D_lo
+
+  (upper end b_k when D_lo <= 0), intersected with [a_k, b_k]; the K ratios'
+  intervals are summed.  High-confidence off-policy evaluation (Thomas,
+  Theocharous & Ghavamzadeh 2015) bounds the numerator alone and relies on
+  E[w] = 1; bounding D as well keeps the interval valid when E[w] != 1
+  (estimated behaviour policy, unsupported actions).  The width grows as the
+  effective sample size falls, as it must: once D_lo <= 0 the upper end is b_k.
+  A column whose weight is identically 1 (e.g. the direct-method part of
+  SNDR) is a plain mean, bounded at level delta / K.
+
+W is the user's `weight_bound` (a guaranteed range) or, without one, the
+largest observed weight; then the result's diagnostics say so
+(``weight_bound_source``), because the observed maximum is not a guaranteed
+range and the interval can undercover when rare large weights were not seen.
+The reward range is `reward_bound` or the observed rewards, reported the same
+way, and DR-type estimators also use the observed range of the reward model's
+predictions (``q_range_source``).  ``interval_guaranteed`` is True only when
+every range was given.
+
 Two known mistakes in published OPE code are *not* reproduced here: a
 Hoeffding width of ``R sqrt(log(2/delta) / 2 * n)`` (grows with n), and a
 one-sided quantile ``t_{1 - alpha}`` for a two-sided t interval.
@@ -38,11 +74,17 @@ __all__ = [
     "bernstein_interval",
     "bootstrap_interval",
     "confidence_interval",
+    "ColumnRanges",
+    "ratio_concentration_interval",
     "check_gamma",
     "check_alpha",
 ]
 
 INTERVALS = ("bootstrap", "t", "hoeffding", "bernstein")
+CONCENTRATION = ("hoeffding", "bernstein")
+OBSERVED_WEIGHTS = "observed maximum weight (not a guaranteed range)"
+OBSERVED_REWARDS = "observed range of the logged rewards (not a guaranteed range)"
+OBSERVED_Q = "observed range of the reward model's predictions on the logged data (not a guaranteed range)"
 
 
 class OPEWarning(UserWarning):
@@ -216,6 +258,155 @@ def confidence_interval(
     raise ValueError(f"interval must be one of {INTERVALS}, got {method!r}")
 
 
+# ---------------------------------------------------------------------- concentration intervals on ratios
+@dataclass
+class ColumnRanges:
+    """The ranges a valid concentration interval on `RatioComponents` needs, one entry per column k.
+
+    Column k holds num[:, k] = den[:, k] * X_k with X_k in [x_low[k], x_high[k]]
+    and 0 <= den[:, k] <= weight_bound[k]; weight_bound[k] = nan marks a plain
+    mean column (den identically 1), whose num lies in [x_low[k], x_high[k]].
+    The ranges must hold for every possible row, not only the logged ones.
+    """
+
+    x_low: Any
+    x_high: Any
+    weight_bound: Any
+
+    def __post_init__(self) -> None:
+        self.x_low = np.atleast_1d(np.asarray(self.x_low, np.float64))
+        k = self.x_low.shape
+        self.x_high = np.broadcast_to(np.asarray(self.x_high, np.float64), k).copy()
+        self.weight_bound = np.broadcast_to(np.asarray(self.weight_bound, np.float64), k).copy()
+        if not (np.all(np.isfinite(self.x_low)) and np.all(np.isfinite(self.x_high))):
+            raise ValueError("ColumnRanges: x_low and x_high must be finite")
+        if np.any(self.x_high < self.x_low):
+            raise ValueError("ColumnRanges: x_low must not exceed x_high")
+        plain = np.isnan(self.weight_bound)
+        if np.any(~plain & ~(self.weight_bound > 0)) or np.any(np.isinf(self.weight_bound)):
+            raise ValueError("ColumnRanges: weight_bound must be positive and finite (nan for a plain mean column)")
+
+    @property
+    def plain(self) -> np.ndarray:
+        return np.isnan(self.weight_bound)
+
+    def check(self, num: np.ndarray, den: np.ndarray | None) -> None:
+        """Refuse rows that break the ranges (the interval would not be valid)."""
+        k = num.shape[1]
+        if len(self.x_low) != k:
+            raise ValueError(f"ColumnRanges has {len(self.x_low)} columns but the estimator has {k}")
+        for col in range(k):
+            low, high, top = float(self.x_low[col]), float(self.x_high[col]), float(self.weight_bound[col])
+            v = num[:, col]
+            d = np.ones_like(v) if den is None else den[:, col]
+            if math.isnan(top):
+                if not np.all(d == 1.0):
+                    raise ValueError(f"ColumnRanges: column {col} is a plain mean (weight_bound nan) but its "
+                                     "denominators are not all 1")
+                x = v
+            else:
+                if np.any(d < 0) or np.any(d > top * (1 + 1e-9)):
+                    raise ValueError(f"importance weights of column {col} leave [0, {top:.6g}] (largest "
+                                     f"{float(d.max()):.6g}); the weight bound must hold for every weight")
+                if np.any((d == 0) & (v != 0)):
+                    raise ValueError(f"column {col} has a non-zero term with zero weight")
+                ok = d > 1e-290  # below that, v / d loses precision (subnormal numbers)
+                x = v[ok] / d[ok]
+            tol = 1e-9 * (1.0 + max(abs(low), abs(high)))
+            if len(x) and (float(x.min()) < low - tol or float(x.max()) > high + tol):
+                raise ValueError(f"per-sample terms of column {col} range over [{float(x.min()):.6g}, "
+                                 f"{float(x.max()):.6g}], outside their bound [{low:.6g}, {high:.6g}]; check "
+                                 "reward_bound against the logged rewards")
+
+
+def _mean_bounds(samples: np.ndarray, method: str, alpha: float, width: float) -> tuple[float, float]:
+    if method == "hoeffding":
+        return hoeffding_interval(samples, alpha, width)
+    if method == "bernstein":
+        return bernstein_interval(samples, alpha, width)
+    raise ValueError(f"a concentration interval is one of {CONCENTRATION}, got {method!r}")
+
+
+def ratio_concentration_interval(
+    num: Any, den: Any, ranges: ColumnRanges, method: str = "hoeffding", alpha: float = 0.05
+) -> tuple[float, float]:
+    """A valid Hoeffding / empirical-Bernstein interval for sum_k E[num_k] / E[den_k].
+
+    Each ratio is bounded through its numerator and denominator with a union
+    bound over all 2K one-column events (see the module docstring):
+    with probability >= 1 - alpha the interval holds sum_k E[den_k X_k] / E[den_k]
+    (a column whose E[den_k] = 0 counts as 0).  Plain mean columns
+    (weight_bound nan) get a two-sided bound at level alpha / K.
+    """
+    alpha = check_alpha(alpha)
+    num = np.asarray(num, np.float64)
+    num = num[:, None] if num.ndim == 1 else num
+    den = None if den is None else np.asarray(den, np.float64).reshape(num.shape)
+    ranges.check(num, den)
+    n, k = num.shape
+    total_low = total_high = 0.0
+    for col in range(k):
+        a, b, w_max = float(ranges.x_low[col]), float(ranges.x_high[col]), float(ranges.weight_bound[col])
+        if math.isnan(w_max):
+            lo, hi = _mean_bounds(num[:, col], method, alpha / k, b - a)
+        else:
+            d = den[:, col]
+            shifted = np.maximum(num[:, col] - a * d, 0.0)  # d (X - a) >= 0 (rounding aside)
+            n_lo, n_hi = _mean_bounds(shifted, method, alpha / (2 * k), w_max * (b - a))
+            d_lo, d_hi = _mean_bounds(d, method, alpha / (2 * k), w_max)
+            lo = a + max(n_lo, 0.0) / d_hi if d_hi > 0 else a
+            hi = a + n_hi / d_lo if d_lo > 0 else b
+        total_low += min(max(lo, a), b)
+        total_high += max(min(hi, b), a)
+    return total_low, total_high
+
+
+def reward_range(reward_bound: Sequence[float] | None, rewards: Any) -> tuple[float, float, str]:
+    """(r_min, r_max, source): `reward_bound` checked against the logged rewards, or their observed range."""
+    r = np.asarray(rewards, np.float64).reshape(-1)
+    if reward_bound is None:
+        if len(r) == 0:
+            raise ValueError("no rewards to take a range from; pass reward_bound=(r_min, r_max)")
+        return float(r.min()), float(r.max()), OBSERVED_REWARDS
+    try:
+        low, high = (float(v) for v in reward_bound)
+    except (TypeError, ValueError):
+        raise ValueError(f"reward_bound must be (r_min, r_max), got {reward_bound!r}") from None
+    if not (math.isfinite(low) and math.isfinite(high)) or high < low:
+        raise ValueError(f"reward_bound must be finite (r_min, r_max) with r_min <= r_max, got {tuple(reward_bound)}")
+    if len(r) and (r.min() < low or r.max() > high):
+        raise ValueError(f"reward_bound={tuple(reward_bound)} but the logged rewards range over "
+                         f"[{r.min():.6g}, {r.max():.6g}]; pass a reward_bound that holds for every reward")
+    return low, high, "given"
+
+
+def check_weight_bound(weight_bound: Any) -> float | None:
+    """None, or a positive finite bound on the importance weights."""
+    if weight_bound is None:
+        return None
+    try:
+        value = float(weight_bound)
+    except (TypeError, ValueError):
+        raise ValueError(f"weight_bound must be a positive number or None, got {weight_bound!r}") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"weight_bound must be a positive finite number (an upper bound on the importance weights), "
+                         f"got {weight_bound!r}; leave it None to use the observed maximum weight")
+    return value
+
+
+def resolve_log_weight_bound(weight_bound: Any, observed_log_max: float, what: str = "importance weight"
+                             ) -> tuple[float, str]:
+    """(log W, source): log of the given `weight_bound` (checked against the data) or the observed maximum."""
+    value = check_weight_bound(weight_bound)
+    if value is None:
+        return float(observed_log_max), OBSERVED_WEIGHTS
+    if observed_log_max > math.log(value) + 1e-6:  # up to the rounding of stored log-probabilities
+        raise ValueError(f"weight_bound={value:.6g} but the largest {what} in the data is "
+                         f"{math.exp(min(observed_log_max, 700.0)):.6g}; weight_bound must hold for every weight "
+                         "(or leave it None to use the observed maximum)")
+    return max(math.log(value), float(observed_log_max)), "given"
+
+
 # ---------------------------------------------------------------------- ratio estimators
 class RatioComponents:
     """An estimate of the form  sum_k mean_i(num[i, k]) / mean_i(den[i, k])  (den None: plain means).
@@ -305,10 +496,18 @@ def make_result(
     n_bootstrap: int = 2000,
     random_state: Any = 0,
     bound: Any = None,
+    ranges: ColumnRanges | None = None,
     diagnostics: dict[str, Any] | None = None,
     value: float | None = None,
 ) -> OPEResult:
-    """An OPEResult from an estimator's components: value, std error, interval and diagnostics."""
+    """An OPEResult from an estimator's components: value, std error, interval and diagnostics.
+
+    Concentration intervals ("hoeffding", "bernstein") of a plain mean use
+    `bound`, the range of the per-sample terms (the observed range, flagged in
+    the diagnostics, when None).  Those of a self-normalised estimator need
+    `ranges` (see `ratio_concentration_interval`); without them they are
+    refused, since no valid range is known.
+    """
     if interval not in INTERVALS:
         raise ValueError(f"interval must be one of {INTERVALS}, got {interval!r}")
     alpha = check_alpha(alpha)
@@ -317,11 +516,21 @@ def make_result(
     pseudo = components.pseudo_samples()
     n = len(pseudo)
     std_error = float(pseudo.std(ddof=1) / math.sqrt(n)) if n > 1 else math.inf
+    ratio = components.den is not None
     if interval == "bootstrap":
         low, high = components.bootstrap_interval(alpha, n_bootstrap, random_state)
         diag["n_bootstrap"] = int(n_bootstrap)
-    elif interval in ("hoeffding", "bernstein"):
-        if bound is None:
+    elif interval in CONCENTRATION and ratio:
+        if ranges is None:
+            raise ValueError(f"{method}: no valid {interval} interval is known for this self-normalised estimator "
+                             "(the range of its terms is not available); use interval='bootstrap' or interval='t'")
+        low, high = ratio_concentration_interval(components.num, components.den, ranges, interval, alpha)
+        diag["bound_low"], diag["bound_high"] = float(ranges.x_low.sum()), float(ranges.x_high.sum())
+        diag["interval_note"] = ("bounds on each self-normalised ratio's numerator and denominator (union bound); "
+                                 "valid at any effective sample size")
+    elif interval in CONCENTRATION:
+        observed_terms = bound is None
+        if observed_terms:
             bound = (float(pseudo.min()), float(pseudo.max()))
             diag["bound_source"] = "observed range of the per-sample terms (not a guaranteed bound)"
         diag["bound_low"], diag["bound_high"] = (None, None) if np.ndim(bound) == 0 else (float(bound[0]), float(bound[1]))
@@ -330,12 +539,18 @@ def make_result(
         low, high = low + shift, high + shift
     else:
         low, high = t_interval(pseudo, alpha)
-    if components.den is not None and interval != "bootstrap":
-        diag["interval_note"] = "linearised self-normalised estimator"
-    if components.den is not None and float(diag.get("ess", math.inf)) < 2.0:
+        if ratio:
+            diag["interval_note"] = "linearised self-normalised estimator"
+    if interval in CONCENTRATION:
+        observed = {OBSERVED_WEIGHTS, OBSERVED_REWARDS, OBSERVED_Q}
+        diag["interval_guaranteed"] = "bound_source" not in diag and not any(
+            diag.get(key) in observed for key in ("weight_bound_source", "reward_bound_source", "q_range_source"))
+    if ratio and float(diag.get("ess", math.inf)) < 2.0:
         # one episode carries all the weight: a self-normalised estimate then has no usable spread
-        low, high, std_error = -math.inf, math.inf, math.inf
-        diag["interval_note"] = "undefined: effective sample size below 2"
+        std_error = math.inf
+        if interval not in CONCENTRATION:  # the concentration interval stays valid (it is then the whole range)
+            low, high = -math.inf, math.inf
+            diag["interval_note"] = "undefined: effective sample size below 2"
     diag.update({"interval": interval, "alpha": alpha, "n": n})
     return OPEResult(value=float(est), std_error=std_error, ci_low=float(low), ci_high=float(high),
                      method=method, diagnostics=diag, samples=pseudo)
@@ -360,3 +575,9 @@ def sample_bound_from_rewards(reward_bound: Sequence[float] | None, scale: float
     if max_weight == 1.0:
         return low, high
     return min(0.0, low * max_weight, low), max(0.0, high * max_weight, high)
+
+
+def return_range(r_min: float, r_max: float, discounts: np.ndarray) -> tuple[float, float]:
+    """Range of G = sum_{t<L} gamma^t r_t over every episode length 1 <= L <= H (episodes may end early)."""
+    scale = float(np.sum(discounts))
+    return min(r_min, r_min * scale), max(r_max, r_max * scale)
