@@ -104,3 +104,24 @@ def test_fitted_fqe_checks_stochastic_policies_by_their_density():
     fqe.estimate(ds, _gaussian(0.5))  # a new sampler of the same density is the same policy
     with pytest.raises(ValueError, match="fitted to evaluate another policy"):
         fqe.estimate(ds, _gaussian(0.0))
+
+
+def test_value_range_covers_episodes_that_end_early():
+    from offrl.ope.results import value_range
+
+    rewards = np.array([1.0, 1.5, 2.0])
+    # a one-step episode's value is a single reward: the range starts at r_min, not at r_min * sum of discounts
+    assert value_range((1.0, 2.0), rewards, 100.0) == (1.0, 200.0)
+    assert value_range((-1.0, 2.0), rewards, 100.0) == (-100.0, 200.0)
+    assert value_range(None, rewards, 100.0) is None
+    with pytest.raises(ValueError, match="reward_bound"):
+        value_range((1.2, 2.0), rewards, 100.0)  # a logged reward lies outside the given bound
+
+
+def test_fqe_hoeffding_interval_contains_one_step_values():
+    ds = _bandit_like()
+    ds = ds.with_rewards(np.clip(ds.rewards, 0.0, 1.0) + 1.0)  # rewards in [1, 2], every episode one step long
+    fqe = FQE(hidden_dims=(16,), n_critics=1, n_steps=2000, batch_size=32, interval="hoeffding", reward_bound=(1.0, 2.0),
+              device="cpu", random_state=0)
+    result = fqe.fit(ds, policy=_constant(0.5, "good")).estimate(ds)
+    assert 1.0 < result.value < 2.0 and result.ci_low <= result.value <= result.ci_high

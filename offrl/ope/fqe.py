@@ -51,7 +51,7 @@ from offrl.ope.results import (
     check_gamma,
     check_horizon,
     make_result,
-    sample_bound_from_rewards,
+    value_range,
 )
 
 __all__ = ["FQE", "fqe_loss"]
@@ -412,7 +412,7 @@ class FQE(OfflineAlgorithm):
         }
         result = make_result(RatioComponents(per_episode), self.name, interval=self.interval, alpha=self.alpha,
                              n_bootstrap=self.n_bootstrap, random_state=0,
-                             bound=sample_bound_from_rewards(self.reward_bound, scale), diagnostics=diag)
+                             bound=value_range(self.reward_bound, dataset.rewards, scale), diagnostics=diag)
         if k > 1 and ensemble_std > 0:
             from scipy import stats
 

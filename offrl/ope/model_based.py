@@ -36,7 +36,7 @@ from offrl.ope.results import (
     check_gamma,
     check_horizon,
     make_result,
-    sample_bound_from_rewards,
+    value_range,
 )
 
 __all__ = ["ModelBased", "gaussian_nll"]
@@ -231,7 +231,7 @@ class ModelBased(sklearn.base.BaseEstimator):
         scale = float(sum(gamma ** t for t in range(horizon)))
         result = make_result(RatioComponents(per_episode), self.name, interval=self.interval, alpha=self.alpha,
                              n_bootstrap=self.n_bootstrap, random_state=0,
-                             bound=sample_bound_from_rewards(self.reward_bound, scale), diagnostics=diag)
+                             bound=value_range(self.reward_bound, dataset.rewards, scale), diagnostics=diag)
         if k > 1 and ensemble_std > 0:
             from scipy import stats
 

@@ -577,6 +577,18 @@ def sample_bound_from_rewards(reward_bound: Sequence[float] | None, scale: float
     return min(0.0, low * max_weight, low), max(0.0, high * max_weight, high)
 
 
+def value_range(reward_bound: Sequence[float] | None, rewards: Any, discount_sum: float) -> tuple[float, float] | None:
+    """Where any policy's value of a start state lies (the per-sample terms of FQE and model-based OPE).
+
+    Every reward in `reward_bound` (checked against the logged `rewards`) and an episode may end after any step:
+    [min(r_min, r_min S), max(r_max, r_max S)] with S = `discount_sum`; None without a bound.
+    """
+    if reward_bound is None:
+        return None
+    r_min, r_max, _ = reward_range(reward_bound, rewards)
+    return return_range(r_min, r_max, np.asarray([discount_sum]))
+
+
 def return_range(r_min: float, r_max: float, discounts: np.ndarray) -> tuple[float, float]:
     """Range of G = sum_{t<L} gamma^t r_t over every episode length 1 <= L <= H (episodes may end early)."""
     scale = float(np.sum(discounts))
