@@ -60,15 +60,18 @@ from offrl.datasets.built import (
     dataset_path,
     json_value,
     load_built,
+    load_built_files,
     parse_name,
     read_json,
     read_metadata,
     resolve,
 )
 from offrl.datasets.core import Dataset, atomic_write_path
+from offrl.datasets.files import wait_for_lock
 from offrl.online.replay import ReplayBuffer
 
-__all__ = ["BuildReport", "build", "load_or_build", "sac_config", "UNKEYED_SAC_PARAMS"]
+__all__ = ["BuildReport", "build", "load_or_build", "check_build", "sac_config", "UNKEYED_SAC_PARAMS",
+           "BUILD_LOCK_TIMEOUT"]
 
 MEDIUM_SCORE = 100.0 / 3.0  # D4RL's medium: a third of the way from random to expert
 _MIN_LEARNING_EVALS = 3
@@ -85,6 +88,8 @@ UNKEYED_SAC_PARAMS = {
 }
 # SAC settings a build may not take from sac_params (the builder sets them).
 _BUILDER_SAC_PARAMS = ("n_steps", "random_state", "device")
+# How long a build waits for another process building the same SAC run (seconds; a full D4RL budget takes hours).
+BUILD_LOCK_TIMEOUT = 48 * 3600.0
 
 
 # ---------------------------------------------------------------------- configuration
@@ -163,6 +168,13 @@ class _Config:
     def dataset_id(self, kind: str) -> str:
         return self.request.dataset_id(kind)
 
+    def make_sac(self) -> SAC:
+        """The SAC of this build's run (not fitted)."""
+        params = {**self.sac_params, **self.sac_unkeyed}
+        if isinstance(params.get("hidden_dims"), list):
+            params["hidden_dims"] = tuple(params["hidden_dims"])
+        return SAC(**params, n_steps=self.sac_steps, random_state=self.seed, device=self.device)
+
 
 def _config_diff(stored: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
     """'field stored -> current' for every field that differs (sac_params field by field)."""
@@ -220,8 +232,33 @@ def _make_config(
             f"{request.default_sac_steps:,}), or lower sac_params['learning_starts'] / eval_every for a quick build"
         )
     unkeyed = {k: v for k, v in user.items() if k in UNKEYED_SAC_PARAMS}
-    return _Config(request=request, sac_params=params, sac_unkeyed=unkeyed,
-                   checkpoint_every=int(checkpoint_every or max(sac_steps // 20, 1)), device=device)
+    cfg = _Config(request=request, sac_params=params, sac_unkeyed=unkeyed,
+                  checkpoint_every=int(checkpoint_every or max(sac_steps // 20, 1)), device=device)
+    cfg.make_sac().check_params()  # a bad SAC setting fails here, not hours into the build
+    return cfg
+
+
+def check_build(
+    name: str,
+    n_transitions: int | None = None,
+    seed: int = 0,
+    *,
+    sac_steps: int | None = None,
+    eval_every: int | None = None,
+    eval_episodes: int = DEFAULT_EVAL_EPISODES,
+    ref_episodes: int = DEFAULT_REF_EPISODES,
+    sac_params: Mapping[str, Any] | None = None,
+    n_envs: int = DEFAULT_N_ENVS,
+    checkpoint_every: int | None = None,
+    env_id: str | None = None,
+    device: str = "auto",
+    expert: str = "final",
+) -> None:
+    """Check what `build` would check before any work (the name, the budget, SAC's settings), without building:
+    ValueError (or TypeError) naming the problem.  A sweep calls it for an `offrl:` dataset built on first use."""
+    _make_config(name, n_transitions=n_transitions, seed=seed, sac_steps=sac_steps, eval_every=eval_every,
+                 eval_episodes=eval_episodes, ref_episodes=ref_episodes, sac_params=sac_params, n_envs=n_envs,
+                 checkpoint_every=checkpoint_every, device=device, expert=expert, env_id=env_id)
 
 
 # ---------------------------------------------------------------------- roll-outs
@@ -391,21 +428,15 @@ def _torch_threads(n: int | None) -> Iterator[None]:
         torch.set_num_threads(old)
 
 
-@contextlib.contextmanager
-def _locked(run_dir: Path, what: str) -> Iterator[None]:
-    import fcntl
-
-    run_dir.mkdir(parents=True, exist_ok=True)
-    with open(run_dir / "lock", "w") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError as err:
-            raise BlockingIOError(err.errno, f"another process is building {what} (lock {run_dir / 'lock'}); "
-                                  "wait for it to finish") from err
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+def _read_record(path: Path, what: str, hint: str) -> dict[str, Any]:
+    """A JSON record of the build cache; a damaged one raises ValueError naming it and how to rebuild."""
+    try:
+        value = read_json(path)
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{what} {path} is damaged ({type(err).__name__}: {err}); rebuild with {hint}") from err
+    if not isinstance(value, dict):
+        raise ValueError(f"{what} {path} holds a {type(value).__name__}, not a mapping; rebuild with {hint}")
+    return value
 
 
 def _pid_alive(pid: int) -> bool:
@@ -521,6 +552,16 @@ class _Builder:
         self.state_path = self.run_dir / "run.json"
         self.spec: dict[str, Any] = {}
         self.pool: _EnvPool | None = None
+        self.hint = cfg.request.rebuild_hint()  # what a damaged cache file's error tells the user to run
+
+    def load_policy(self, path: Path) -> Any:
+        """A snapshot or policy file of the SAC run; a damaged one raises ValueError naming it and the rebuild."""
+        import offrl
+
+        try:
+            return offrl.load(path, device=self.cfg.device)
+        except (ValueError, OSError) as err:
+            raise ValueError(f"{err}; the build cache under {self.run_dir} is damaged: rebuild with {self.hint}") from err
 
     def log(self, message: str) -> None:
         if self.progress:
@@ -533,7 +574,8 @@ class _Builder:
         """What in this run's cache was built with another configuration ('what: differences'); empty if nothing."""
         found = []
         if self.state_path.exists():
-            diff = _config_diff(read_json(self.state_path).get("config") or {}, self.cfg.run_config())
+            stored = _read_record(self.state_path, "the SAC run's state", self.hint).get("config") or {}
+            diff = _config_diff(stored if isinstance(stored, dict) else {}, self.cfg.run_config())
             if diff:
                 found.append(f"the SAC run {self.run_dir}: {', '.join(diff)}")
         for kind in kinds:
@@ -555,7 +597,7 @@ class _Builder:
 
     def load_state(self) -> dict[str, Any]:
         if self.state_path.exists():
-            return read_json(self.state_path)  # its config was checked by `stale`
+            return _read_record(self.state_path, "the SAC run's state", self.hint)  # its config was checked by `stale`
         return {"config": self.cfg.run_config()}
 
     def save_state(self, state: dict[str, Any]) -> None:
@@ -585,11 +627,9 @@ class _Builder:
         if state.get("trained") and self.replay_path.exists():
             return
         cfg = self.cfg
-        params = {**cfg.sac_params, **cfg.sac_unkeyed}
-        params["hidden_dims"] = tuple(params["hidden_dims"])
-        sac = SAC(**params, n_steps=cfg.sac_steps, random_state=cfg.seed, device=cfg.device)
+        sac = cfg.make_sac()
         eval_seeds = [episode_seed(cfg.seed, _EVAL, k) for k in range(cfg.eval_episodes)]
-        learning_starts = int(params["learning_starts"])
+        learning_starts = int(cfg.sac_params["learning_starts"])
 
         def snapshot(model: Any, step: int, row: Mapping[str, float]) -> None:
             act = _policy_actor(model, _generator(model.device_, cfg.seed, _EVAL, step))
@@ -625,7 +665,10 @@ class _Builder:
         learning_starts = int(self.cfg.sac_params["learning_starts"])
         records = []
         for path in sorted((self.run_dir / "snapshots").glob("step_*.json")):
-            record = read_json(path)
+            record = _read_record(path, "the snapshot record", self.hint)
+            if not (isinstance(record.get("step"), int) and isinstance(record.get("return_mean"), (int, float))):
+                raise ValueError(f"the snapshot record {path} lacks its step or return_mean ({record}); rebuild "
+                                 f"with {self.hint}")
             if learning_starts < record["step"] <= self.cfg.sac_steps and self.snapshot_path(record["step"]).exists():
                 records.append(record)
         if not records:
@@ -637,14 +680,13 @@ class _Builder:
         key = cfg.key("expert")
         if key in state:
             return
-        import offrl
         from offrl.evaluation import evaluate_policy
 
         if cfg.expert == "best":  # first snapshot with the highest evaluation return
             step = max(self.snapshot_records(), key=lambda r: (r["return_mean"], -r["step"]))["step"]
         else:
             step = cfg.sac_steps
-        expert = offrl.load(self.snapshot_path(step), device=cfg.device)
+        expert = self.load_policy(self.snapshot_path(step))
         seeds = [episode_seed(cfg.seed, _REF, k) for k in range(cfg.ref_episodes)]
         returns = self.pool.episode_returns(_policy_actor(expert, _generator(expert.device_, cfg.seed, _REF, 1)),
                                             seeds, cfg.n_envs)
@@ -698,8 +740,6 @@ class _Builder:
 
     # -- datasets
     def make_dataset(self, kind: str, state: dict[str, Any], made: dict[str, Dataset]) -> Dataset:
-        import offrl
-
         cfg = self.cfg
         if kind in ("random", "medium", "expert"):
             stream = _KIND_STREAM[kind]
@@ -707,12 +747,12 @@ class _Builder:
             if kind == "random":
                 act = _uniform_actor(self.spec, noise)
             else:
-                policy = offrl.load(self.policy_path(kind), device=cfg.device)
+                policy = self.load_policy(self.policy_path(kind))
                 act = _policy_actor(policy, _generator(policy.device_, cfg.seed, _COLLECT, stream))
             return self.pool.collect(act, cfg.n_transitions, cfg.n_envs, cfg.seed, _COLLECT * 10 + stream, self.spec,
                                      self.progress, f"collect {kind}")
         if kind == "medium-replay":
-            buffer = ReplayBuffer.from_state_dict(torch.load(self.replay_path, map_location="cpu", weights_only=True))
+            buffer = self.load_replay_buffer()
             step = state[cfg.key("medium")]["step"]
             ds = buffer.to_dataset(0, step, action_low=self.spec["action_low"], action_high=self.spec["action_high"])
             # Did the medium step end an episode?  The row's own flags, read where it is not the slice's last row
@@ -728,10 +768,16 @@ class _Builder:
             return Dataset.concatenate(parts, metadata={"cut_episodes": cut})
         raise ValueError(f"unknown dataset kind {kind!r}")
 
-    def load_kind(self, kind: str) -> Dataset:
-        from offrl.datasets.minari import load_minari
+    def load_replay_buffer(self) -> ReplayBuffer:
+        """The whole run's replay buffer; a truncated or damaged file raises ValueError naming it."""
+        try:
+            return ReplayBuffer.from_state_dict(torch.load(self.replay_path, map_location="cpu", weights_only=True))
+        except (OSError, RuntimeError, KeyError, TypeError, ValueError, EOFError) as err:
+            raise ValueError(f"the SAC run's replay buffer {self.replay_path} is damaged ({type(err).__name__}: "
+                             f"{err}); rebuild with {self.hint}") from err
 
-        ds = load_minari(self.cfg.dataset_id(kind), data_path=self.data_dir)
+    def load_kind(self, kind: str) -> Dataset:
+        ds = load_built_files(self.cfg.dataset_id(kind), self.data_dir, self.cfg.target.dataset_name(kind), self.hint)
         meta = read_metadata(self.data_dir, self.cfg.dataset_id(kind)) or {}
         ds.metadata["cut_episodes"] = meta.get("offrl_build", {}).get("cut_episodes", [])
         return ds
@@ -807,6 +853,7 @@ def build(
     progress: bool = True,
     threads: int | None = 1,
     expert: str = "final",
+    lock_timeout: float | None = BUILD_LOCK_TIMEOUT,
 ) -> BuildReport:
     """Build the D4RL-style dataset(s) `name` on a gymnasium env (those already built are kept) and report.
 
@@ -832,7 +879,10 @@ def build(
     snapshot the expert (reference score, expert data, and the medium
     snapshot chosen before it) instead of D4RL's final policy: for short
     budgets whose last policy has fallen back.  It reuses the same SAC run
-    and is cached under its own ids (`...-best`).
+    and is cached under its own ids (`...-best`).  A second process building
+    the same SAC run waits for the first (up to `lock_timeout` seconds, then
+    `LockTimeoutError`; None waits for ever) and uses what it built.  A
+    damaged cache file raises ValueError naming it and the rebuild command.
     """
     start = time.perf_counter()
     cfg = _make_config(name, n_transitions=n_transitions, seed=seed, sac_steps=sac_steps, eval_every=eval_every,
@@ -852,7 +902,9 @@ def build(
         finally:
             timings[stage] = timings.get(stage, 0.0) + time.perf_counter() - t0
 
-    with _locked(builder.run_dir, f"{target.env_key} ({cfg.request.run_variant})"), _torch_threads(threads):
+    # A second process building the same SAC run waits here, then finds (below) what the first one built.
+    with wait_for_lock(builder.run_dir / "lock", f"building {target.env_key} ({cfg.request.run_variant})",
+                       timeout=lock_timeout), _torch_threads(threads):
         stale = [] if force else builder.stale(target.kinds)
         if stale and not rebuild_stale:
             raise ValueError(f"cached build(s) made with a different configuration: {'; '.join(stale)}. Pass "
@@ -925,6 +977,7 @@ def load_or_build(
     progress: bool = True,
     threads: int | None = 1,
     expert: str = "final",
+    lock_timeout: float | None = BUILD_LOCK_TIMEOUT,
 ) -> Dataset | dict[str, Dataset]:
     """The dataset `name` (a dict kind -> Dataset for the kind `*`), built first if it is not yet.
 
@@ -935,7 +988,7 @@ def load_or_build(
     report = build(name, n_transitions, seed, sac_steps=sac_steps, eval_every=eval_every, eval_episodes=eval_episodes,
                    ref_episodes=ref_episodes, sac_params=sac_params, n_envs=n_envs, checkpoint_every=checkpoint_every,
                    env_id=env_id, data_dir=data_dir, device=device, force=force, rebuild_stale=True,
-                   progress=progress, threads=threads, expert=expert)
+                   progress=progress, threads=threads, expert=expert, lock_timeout=lock_timeout)
     target = parse_name(name, env_id)
     budget = dict(seed=seed, n_transitions=n_transitions, sac_steps=sac_steps, eval_every=eval_every,
                   eval_episodes=eval_episodes, ref_episodes=ref_episodes, sac_params=sac_params, n_envs=n_envs,

@@ -5,9 +5,22 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Sequence
+from typing import Callable, Sequence
 
 
+def _count(low: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= `low` (a bad value is a usage error naming the option, before any work)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {value}")
+        return value
+
+    parse.__name__ = f"integer >= {low}"
+    return parse
 
 def _datasets_info(args: argparse.Namespace) -> int:
     from offrl.datasets import load, normalized_score
@@ -44,7 +57,7 @@ def _sweep(args: argparse.Namespace) -> int:
     from offrl.report import score_table, write_report
     from offrl.sweep import load_config, run_sweep
 
-    config = load_config(args.config)
+    config = load_config(args.config)  # every problem of the config is reported here, before any run
     out = args.out or config.out or f"offrl-results/{config.name}"
     results = run_sweep(config, backend=args.backend, workers=args.workers, address=args.address, out=out,
                         progress=not args.no_progress)
@@ -135,18 +148,18 @@ def build_parser() -> argparse.ArgumentParser:
     build = datasets_commands.add_parser(
         "build", help="build D4RL-style datasets locally: train SAC on a gymnasium env, collect, write Minari files")
     build.add_argument("name", help="<env>-<kind>-v<env version>, e.g. hopper-medium-v5 or 'pendulum-*-v1' for all kinds")
-    build.add_argument("--transitions", type=int, default=None, help="transitions per collected kind (default: per env)")
-    build.add_argument("--sac-steps", type=int, default=None, help="SAC environment steps (default: per env)")
-    build.add_argument("--seed", type=int, default=0)
-    build.add_argument("--eval-every", type=int, default=None, help="SAC steps between evaluated snapshots")
-    build.add_argument("--learning-starts", type=int, default=None, help="SAC random warm-up steps (default 5000)")
+    build.add_argument("--transitions", type=_count(1), default=None, help="transitions per collected kind (default: per env)")
+    build.add_argument("--sac-steps", type=_count(1), default=None, help="SAC environment steps (default: per env)")
+    build.add_argument("--seed", type=_count(0), default=0)
+    build.add_argument("--eval-every", type=_count(1), default=None, help="SAC steps between evaluated snapshots")
+    build.add_argument("--learning-starts", type=_count(0), default=None, help="SAC random warm-up steps (default 5000)")
     build.add_argument("--expert", choices=("final", "best"), default="final",
                        help="the expert policy: the final SAC policy (D4RL's recipe, default) or the best evaluated "
                             "snapshot (for short budgets whose final policy has fallen back); reuses the same SAC run")
     build.add_argument("--env-id", default=None, help="explicit gymnasium id (its version must match the name's)")
     build.add_argument("--data-dir", default=None, help="cache root (default: $OFFRL_DATA_DIR or ~/.offrl/datasets)")
     build.add_argument("--device", default="auto")
-    build.add_argument("--threads", type=int, default=1,
+    build.add_argument("--threads", type=_count(0), default=1,
                        help="torch CPU threads during the build (default 1; 0 keeps torch's choice)")
     build.add_argument("--force", action="store_true", help="rebuild from scratch even if cached")
     build.add_argument("--no-progress", action="store_true")
@@ -157,16 +170,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     quick = commands.add_parser("quickstart", help="build pendulum data, train BC/TD3+BC/IQL/CQL, evaluate, OPE, report")
     quick.add_argument("--out", default="offrl-results/quickstart")
-    quick.add_argument("--steps", type=int, default=None, help="gradient steps per algorithm (default 5000)")
-    quick.add_argument("--workers", type=int, default=2, help="algorithms trained at the same time")
-    quick.add_argument("--ope-rollouts", type=int, default=20, help="on-policy roll-outs for each true value")
+    quick.add_argument("--steps", type=_count(1), default=None, help="gradient steps per algorithm (default 5000)")
+    quick.add_argument("--workers", type=_count(1), default=2, help="algorithms trained at the same time")
+    quick.add_argument("--ope-rollouts", type=_count(1), default=20, help="on-policy roll-outs for each true value")
     quick.add_argument("--no-progress", action="store_true")
     quick.set_defaults(func=_quickstart)
 
     sweep = commands.add_parser("sweep", help="run a benchmark sweep from a YAML config")
     sweep.add_argument("config", help="sweep YAML (see experiments/)")
     sweep.add_argument("--backend", choices=("local", "ray"), default="local")
-    sweep.add_argument("--workers", type=int, default=None, help="parallel runs (default: CPU count)")
+    sweep.add_argument("--workers", type=_count(1), default=None, help="parallel runs (default: CPU count)")
     sweep.add_argument("--address", default=None, help="Ray cluster address (ray backend; default: start a local one)")
     sweep.add_argument("--out", default=None, help="output directory (default: offrl-results/<name>)")
     sweep.add_argument("--no-progress", action="store_true")
@@ -186,9 +199,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    from offrl.monitor import TrainingDivergedError
+
     try:
         return int(args.func(args) or 0)
-    except (ValueError, OSError) as err:  # OSError: missing file, unreadable or corrupt HDF5, ...
+    except (ValueError, OSError, TrainingDivergedError) as err:
+        # ValueError: bad input, named; OSError: missing or corrupt files, a lock waited on too long.
         print(f"offrl: error: {err}", file=sys.stderr)
         return 2
 

@@ -8,8 +8,10 @@ TensorBoard and the progress bar, evaluates the estimator in `eval_env`
 (`eval.csv`, `estimator.history_`) and calls the callbacks.  Between those
 steps nothing leaves the device.  Checkpoints are written through
 `write_checkpoint`, which stores the estimator's model payload (optimisers
-included), the RNG states and the monitor's history atomically;
-`read_checkpoint` restores them.  What to checkpoint beyond that (a replay
+included), the RNG states and the monitor's history atomically, and never
+a state holding NaN or inf (it raises instead and keeps the previous
+checkpoint, so "the last good checkpoint" is one); `read_checkpoint`
+restores them, refusing damaged or non-finite ones with a message.  What to checkpoint beyond that (a replay
 buffer, episode counters) is the loop's `extra` dict.
 
 This module sits below the algorithms: it knows estimators only through
@@ -19,7 +21,6 @@ their public methods (`evaluate`, `history_`) and `offrl.serialization`.
 from __future__ import annotations
 
 import csv
-import json
 import math
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
@@ -28,11 +29,64 @@ import torch
 
 from offrl.datasets.core import atomic_write_path
 
-__all__ = ["TrainingMonitor", "TrainingDivergedError", "write_checkpoint", "read_checkpoint"]
+__all__ = ["TrainingMonitor", "TrainingDivergedError", "write_checkpoint", "read_checkpoint", "nonfinite_tensors",
+           "checkpoint_note"]
 
 
 class TrainingDivergedError(FloatingPointError):
-    """A loss became NaN or inf during training."""
+    """A loss, or a weight about to be checkpointed, became NaN or inf during training."""
+
+
+def nonfinite_tensors(state: Any, prefix: str = "") -> list[str]:
+    """Dotted names of the floating-point tensors in `state` (nested dicts / lists) holding a NaN or inf.
+
+    One device round trip per device, not one per tensor.
+    """
+    found: list[tuple[str, torch.Tensor]] = []
+
+    def walk(value: Any, name: str) -> None:
+        if isinstance(value, torch.Tensor):
+            if value.is_floating_point() or value.is_complex():
+                found.append((name, value))
+        elif isinstance(value, Mapping):
+            for key, item in value.items():
+                walk(item, f"{name}.{key}" if name else str(key))
+        elif isinstance(value, (list, tuple)):
+            for i, item in enumerate(value):
+                walk(item, f"{name}[{i}]")
+
+    walk(state, prefix)
+    bad: set[str] = set()
+    by_device: dict[torch.device, list[tuple[str, torch.Tensor]]] = {}
+    for name, tensor in found:
+        by_device.setdefault(tensor.device, []).append((name, tensor))
+    for group in by_device.values():
+        flags = torch.stack([torch.isfinite(t.detach()).all() for _, t in group]).tolist()
+        bad.update(name for (name, _), ok in zip(group, flags) if not ok)
+    return [name for name, _ in found if name in bad]
+
+
+def _names(names: list[str], limit: int = 5) -> str:
+    return ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def checkpoint_note(path: Path | None) -> str:
+    """What the checkpoint at `path` offers after a divergence: its step when its weights are finite."""
+    if path is None:
+        return ""
+    path = Path(path)
+    if not path.exists():
+        return "; no checkpoint has been written yet"
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        ckpt = next(v for k, v in payload.items() if k.endswith("checkpoint") and isinstance(v, dict))
+        step, bad = ckpt["step"], nonfinite_tensors(payload.get("state", {}))
+    except Exception as err:  # an error message must not fail on a damaged file
+        return f"; the checkpoint {path} cannot be read ({type(err).__name__}: {err})"
+    if bad:
+        return (f"; the checkpoint {path} (step {step}) holds NaN or inf too ({_names(bad)}; written by an older "
+                "offrl): do not resume from it")
+    return f"; the last good checkpoint is {path} (step {step})"
 
 
 class _CSVLog:
@@ -156,8 +210,7 @@ class TrainingMonitor:
         values = {k: float(v) for k, v in metrics.items()}
         for key, value in values.items():
             if not math.isfinite(value):
-                path = self.checkpoint_path
-                where = f"; the last good checkpoint is {path}" if path is not None and path.exists() else ""
+                where = checkpoint_note(self.checkpoint_path)
                 since = (f" (losses are checked every log_every steps; all were finite at step {self.last_checked})"
                          if self.last_checked < step - 1 else "")
                 raise TrainingDivergedError(
@@ -234,10 +287,22 @@ class TrainingMonitor:
 # ---------------------------------------------------------------------- checkpoints
 def write_checkpoint(path: Path, estimator: Any, generator: torch.Generator, step: int,
                      extra: Mapping[str, Any] | None = None, key: str = "checkpoint", history: list | None = None) -> None:
-    """Model payload with optimisers + RNG states + history (+ `extra`), written atomically to `path`."""
+    """Model payload with optimisers + RNG states + history (+ `extra`), written atomically to `path`.
+
+    A state with a NaN or inf in any float tensor (weights, optimiser moments)
+    raises `TrainingDivergedError` naming the tensors and the step, and the
+    previous checkpoint at `path` is kept as it was.
+    """
     from offrl.serialization import model_payload
 
     payload = model_payload(estimator, include_optimizers=True)
+    bad = nonfinite_tensors(payload["state"]) if "state" in payload else []
+    if bad:
+        raise TrainingDivergedError(
+            f"{type(estimator).__name__}: {len(bad)} tensor{'s' if len(bad) > 1 else ''} of the state became NaN or "
+            f"inf at step {step} ({_names(bad)}), so no checkpoint was written for it{checkpoint_note(Path(path))}. "
+            "Lower the learning rate, check the rewards' scale, or enable observation normalisation"
+        )
     payload[key] = {
         "step": int(step),
         "torch_rng": torch.get_rng_state(),
@@ -252,23 +317,58 @@ def write_checkpoint(path: Path, estimator: Any, generator: torch.Generator, ste
         torch.save(payload, tmp)
 
 
-def read_checkpoint(path: Path, estimator: Any, generator: torch.Generator, key: str = "checkpoint") -> dict[str, Any]:
+_CHECKPOINT_FIX = "delete it (or use a new log_dir) to start afresh"
+
+
+def read_checkpoint(path: Path, estimator: Any, generator: torch.Generator, key: str = "checkpoint",
+                    required: Iterable[str] = ()) -> dict[str, Any]:
     """Restore `estimator` (networks, optimisers, fitted attributes) and the RNGs from `path`.
 
-    Returns the checkpoint's dict (its `step`, `history` and the loop's `extra` entries).
+    Returns the checkpoint's dict (its `step`, `history` and the loop's `extra`
+    entries, of which `required` must be present).  A damaged checkpoint
+    (missing or mistyped entries, tensors of the wrong shape) or one holding
+    NaN or inf weights raises ValueError naming the file and the entry.
     """
+    from offrl.serialization import restore_state
+
+    source = f"checkpoint {path}"
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:
-        raise ValueError(f"checkpoint {path} could not be read ({err}); delete it or use a new log_dir") from err
-    if not isinstance(payload, dict) or key not in payload:
-        raise ValueError(f"{path} is not an offrl {key.replace('_', ' ')} file; delete it or use a new log_dir")
-    if payload.get("class", "").split(":")[-1] != type(estimator).__qualname__:
-        raise ValueError(f"checkpoint {path} belongs to {payload.get('class')}, not {type(estimator).__name__}")
-    estimator._restore(json.loads(payload["spec"]), payload["state"], json.loads(payload["attributes"]))
+        raise ValueError(f"{source} could not be read ({err}); {_CHECKPOINT_FIX}") from err
+    if not isinstance(payload, dict) or not isinstance(payload.get(key), dict):
+        raise ValueError(f"{path} is not an offrl {key.replace('_', ' ')} file; {_CHECKPOINT_FIX}")
+    if str(payload.get("class", "")).split(":")[-1] != type(estimator).__qualname__:
+        raise ValueError(f"{source} belongs to {payload.get('class')}, not {type(estimator).__name__}; "
+                         f"{_CHECKPOINT_FIX}")
+    where = type(estimator).__name__
+    if isinstance(payload.get("state"), dict):
+        bad = nonfinite_tensors(payload["state"])
+        if bad:
+            raise ValueError(f"{source}: {where}: the state holds NaN or inf ({_names(bad)}), so training cannot "
+                             f"resume from it; {_CHECKPOINT_FIX}")
     ckpt = payload[key]
-    torch.set_rng_state(ckpt["torch_rng"])
-    generator.set_state(ckpt["generator"])
-    if "cuda_rng" in ckpt and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(ckpt["cuda_rng"])
+    problems = []
+    step = ckpt.get("step")
+    if not (isinstance(step, int) and not isinstance(step, bool) and step >= 0):
+        problems.append(f"{key}.step is {repr(step) if 'step' in ckpt else 'missing'}, not a non-negative integer")
+    history = ckpt.get("history")
+    if not (isinstance(history, list) and all(isinstance(row, dict) for row in history)):
+        problems.append(f"{key}.history is not a list of evaluation rows")
+    for name in ("torch_rng", "generator"):
+        state = ckpt.get(name)
+        if not (isinstance(state, torch.Tensor) and state.dtype == torch.uint8):
+            problems.append(f"{key}.{name} is {'a ' + type(state).__name__ if name in ckpt else 'missing'}, not an "
+                            "RNG state")
+    problems += [f"{key} has no {name!r}" for name in required if name not in ckpt]
+    if problems:
+        raise ValueError(f"{source}: {where}: {'; '.join(problems)}; {_CHECKPOINT_FIX}")
+    restore_state(estimator, payload, source, where, fix=_CHECKPOINT_FIX)
+    try:
+        torch.set_rng_state(ckpt["torch_rng"])
+        generator.set_state(ckpt["generator"])
+        if "cuda_rng" in ckpt and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(ckpt["cuda_rng"])
+    except (RuntimeError, TypeError, ValueError) as err:
+        raise ValueError(f"{source}: {where}: its RNG states do not fit this machine ({err}); {_CHECKPOINT_FIX}") from err
     return ckpt

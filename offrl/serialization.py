@@ -42,7 +42,8 @@ import io
 import json
 import os
 import tempfile
-from typing import Any
+import zipfile
+from typing import Any, Mapping
 
 import numpy as np
 import torch
@@ -59,6 +60,7 @@ __all__ = [
     "load_model",
     "model_payload",
     "restore_model",
+    "restore_state",
 ]
 
 MODEL_FORMAT = "offrl-model"
@@ -303,12 +305,106 @@ def save(estimator: Any, path: str | os.PathLike) -> None:
 
 
 # ---------------------------------------------------------------------- reading
+MODEL_FIX = "the file is damaged or was written by another offrl version: re-save the model (or load it with the " \
+            "offrl version that wrote it)"
+# What restoring a damaged entry raises from inside torch, json or an estimator's _build.
+_RESTORE_ERRORS = (KeyError, TypeError, ValueError, RuntimeError, IndexError, AttributeError)
+
+
+def _damaged(source: str, where: str, problem: str, fix: str = MODEL_FIX) -> ValueError:
+    return ValueError(f"{source}: {where}: {problem}; {fix}")
+
+
+def _a(value: Any) -> str:
+    """'an int', 'a list': the type of `value` with its article."""
+    name = type(value).__name__
+    return ("an " if name[:1] in "aeiou" else "a ") + name
+
+
+def _describe(err: BaseException) -> str:
+    if isinstance(err, KeyError):
+        return f"missing entry {err.args[0]!r}" if err.args else "a missing entry"
+    return f"{type(err).__name__}: {err}"
+
+
+def _json_field(entry: Mapping[str, Any], key: str, kind: type, source: str, where: str, fix: str = MODEL_FIX) -> Any:
+    """`entry[key]` decoded from JSON text, or a ValueError naming the file, the entry and the field."""
+    if key not in entry:
+        raise _damaged(source, where, f"the entry has no {key!r}", fix)
+    text = entry[key]
+    if not isinstance(text, str):
+        raise _damaged(source, where, f"{key!r} is {_a(text)}, not JSON text", fix)
+    try:
+        value = json.loads(text)
+    except ValueError as err:
+        raise _damaged(source, where, f"{key!r} is not valid JSON ({err})", fix) from err
+    if not isinstance(value, kind):
+        raise _damaged(source, where, f"{key!r} holds {_a(value)}, not a {kind.__name__}", fix)
+    return value
+
+
+def _state_mismatch(estimator: Any, state: Mapping[str, Any]) -> str | None:
+    """The first saved tensor that does not fit the estimator as its spec builds it (None if all fit)."""
+    objects = estimator._state_objects(include_optimizers=True)
+    for name, saved in state.items():
+        if name not in objects:
+            return f"state holds {name!r}, which {type(estimator).__name__} does not have"
+        module = objects[name]
+        if not isinstance(module, nn.Module):
+            continue
+        expected = module.state_dict()
+        missing = [k for k in expected if k not in saved]
+        if missing:
+            more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+            return f"state[{name!r}] lacks the tensor {missing[0]!r}{more}"
+        for key, tensor in saved.items():
+            if key not in expected:
+                return f"state[{name!r}] holds {key!r}, which {type(estimator).__name__}.{name} does not have"
+            if not isinstance(tensor, torch.Tensor):
+                return f"state[{name!r}][{key!r}] is {_a(tensor)}, not a tensor"
+            if tuple(tensor.shape) != tuple(expected[key].shape):
+                return (f"state[{name!r}][{key!r}] has shape {list(tensor.shape)} where the saved spec builds "
+                        f"{list(expected[key].shape)}")
+    return None
+
+
+def restore_state(estimator: Any, entry: Mapping[str, Any], source: str, where: str, fix: str = MODEL_FIX) -> None:
+    """Load an algorithm entry's fitted state (`spec`, `state`, `attributes`) into `estimator`.
+
+    A missing field, a value of the wrong type, a tensor missing, extra or of
+    the wrong shape raises ValueError naming `source`, the entry and `fix`,
+    never a KeyError or a size mismatch from inside torch.
+    """
+    spec = _json_field(entry, "spec", dict, source, where, fix)
+    attributes = _json_field(entry, "attributes", dict, source, where, fix)
+    state = entry.get("state")
+    if not isinstance(state, dict):
+        raise _damaged(source, where, f"'state' is {_a(state) if 'state' in entry else 'missing'}, not a mapping "
+                                      "of state dicts", fix)
+    for name, value in state.items():
+        if not isinstance(value, Mapping):
+            raise _damaged(source, where, f"state[{name!r}] is {_a(value)}, not a state dict", fix)
+    try:
+        estimator._restore(spec, state, attributes)
+    except _RESTORE_ERRORS as err:
+        try:  # which part does not fit: the spec, or a tensor of the state?
+            estimator._build_all(spec)
+        except _RESTORE_ERRORS as spec_err:
+            problem = f"its spec does not build a {type(estimator).__name__} ({_describe(spec_err)})"
+        else:
+            problem = _state_mismatch(estimator, state) or _describe(err)
+        raise _damaged(source, where, problem, fix) from err
+
+
 class _Reader:
     """Rebuilds entries of a format-2 payload; each nested ref is restored once."""
 
     def __init__(self, payload: dict[str, Any], device: str, source: str) -> None:
         self.nested = payload.get("nested", {})
         self.tensors = payload.get("tensors", {})
+        for key, value in (("nested", self.nested), ("tensors", self.tensors)):
+            if not isinstance(value, dict):
+                raise _damaged(source, "the file", f"{key!r} is {_a(value)}, not a mapping")
         self.device = device
         self.source = source
         self._done: dict[str, Any] = {}
@@ -316,11 +412,9 @@ class _Reader:
 
     def estimator(self, entry: Any, where: str) -> Any:
         if not isinstance(entry, dict) or "class" not in entry or "params" not in entry:
-            raise ValueError(f"{self.source}: the entry for {where} is damaged (no class or params); re-save the model")
+            raise _damaged(self.source, where, "the entry is damaged (no class or params)")
         cls = _resolve_class(entry["class"], f"{self.source} ({where})")
-        params = self.value(json.loads(entry["params"]), f"{where} parameters")
-        if not isinstance(params, dict):
-            raise ValueError(f"{self.source}: the parameters of {where} are not a mapping; re-save the model")
+        params = self.value(_json_field(entry, "params", dict, self.source, where), f"{where} parameters")
         if "device" in params and self.device != "auto":
             params["device"] = self.device
         try:
@@ -331,20 +425,25 @@ class _Reader:
         if "spec" in entry:
             if not _is_algorithm(cls):
                 raise ValueError(f"{self.source}: {where} has an algorithm's state but {cls.__name__} is no algorithm")
-            estimator._restore(json.loads(entry["spec"]), entry["state"], json.loads(entry["attributes"]))
+            restore_state(estimator, entry, self.source, where)
         elif "fitted" in entry:
             if not hasattr(estimator, "_set_fitted_state"):
                 raise ValueError(f"{self.source}: {where} has fitted state but {cls.__name__} cannot take it")
             fitted = entry["fitted"]
-            values = self.value(json.loads(fitted["values"]), f"{where} fitted state")
-            estimator._set_fitted_state(values, fitted.get("modules", {}))
+            if not isinstance(fitted, dict) or not isinstance(fitted.get("modules", {}), dict):
+                raise _damaged(self.source, where, "'fitted' is not a mapping of values and module states")
+            values = self.value(_json_field(fitted, "values", dict, self.source, f"{where} fitted state"),
+                                f"{where} fitted state")
+            try:
+                estimator._set_fitted_state(values, fitted.get("modules", {}))
+            except _RESTORE_ERRORS as err:
+                raise _damaged(self.source, f"{where} fitted state", _describe(err)) from err
         return estimator
 
     def _tensor(self, ref: Any, where: str) -> torch.Tensor:
         tensor = self.tensors.get(ref) if isinstance(ref, str) else None
         if not isinstance(tensor, torch.Tensor):
-            raise ValueError(f"{self.source}: {where} refers to tensor {ref!r}, which the file does not contain; "
-                             "the file is damaged, re-save the model")
+            raise _damaged(self.source, where, f"it refers to tensor {ref!r}, which the file does not contain")
         return tensor
 
     def value(self, value: Any, where: str) -> Any:
@@ -356,6 +455,8 @@ class _Reader:
             return {k: self.value(v, where) for k, v in value.items()}
         kind, ref = value[_TAG], value.get("ref")
         if kind == "tuple":
+            if not isinstance(value.get("items"), list):
+                raise _damaged(self.source, where, "a stored tuple has no list of items")
             return tuple(self.value(v, where) for v in value["items"])
         if kind == "ndarray":
             array = self._tensor(ref, where).numpy()
@@ -364,7 +465,10 @@ class _Reader:
             return self._tensor(ref, where)
         if kind == "dataset":
             if ref not in self._done:
-                self._done[ref] = _dataset_from_bytes(self._tensor(ref, where))
+                try:
+                    self._done[ref] = _dataset_from_bytes(self._tensor(ref, where))
+                except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as err:
+                    raise _damaged(self.source, where, f"its stored dataset cannot be read ({_describe(err)})") from err
             return self._done[ref]
         if kind == "estimator":
             if ref in self._done:
@@ -372,8 +476,7 @@ class _Reader:
             if ref in self._active:
                 raise ValueError(f"{self.source}: estimator {ref!r} contains itself; the file is damaged")
             if ref not in self.nested:
-                raise ValueError(f"{self.source}: {where} refers to estimator {ref!r}, which the file does not "
-                                 "contain; the file is damaged, re-save the model")
+                raise _damaged(self.source, where, f"it refers to estimator {ref!r}, which the file does not contain")
             self._active.add(ref)
             try:
                 self._done[ref] = self.estimator(self.nested[ref], f"{where} -> {ref}")
@@ -384,17 +487,22 @@ class _Reader:
                          "version that wrote it")
 
 
-def _restore_v1(payload: dict[str, Any], device: str) -> Any:
+def _restore_v1(payload: dict[str, Any], device: str, source: str) -> Any:
     """Format 1: one algorithm, params as plain JSON (lists of `*_dims` were tuples)."""
-    cls = _resolve_class(payload["class"])
+    cls = _resolve_class(payload.get("class"), source)
     if not _is_algorithm(cls):
         raise ValueError(f"format-1 model files hold algorithms only, not {payload['class']!r}")
-    params = json.loads(payload["params"])
+    where = cls.__name__
+    params = _json_field(payload, "params", dict, source, where)
     if device != "auto" or "device" in params:
         params["device"] = device if device != "auto" else params.get("device", "auto")
     params = {k: tuple(v) if isinstance(v, list) and k.endswith("_dims") else v for k, v in params.items()}
-    estimator = cls(**params)
-    estimator._restore(json.loads(payload["spec"]), payload["state"], json.loads(payload["attributes"]))
+    try:
+        estimator = cls(**params)
+    except TypeError as err:
+        raise ValueError(f"{source}: {cls.__name__} does not accept the saved parameters ({err}); load it with the "
+                         "offrl version that wrote it") from err
+    restore_state(estimator, payload, source, where)
     return estimator
 
 
@@ -413,7 +521,7 @@ def restore_model(payload: dict[str, Any], device: str = "auto", source: str = "
             "Load it with a matching offrl version and re-save it"
         )
     if version == 1:
-        return _restore_v1(payload, device)
+        return _restore_v1(payload, device, source)
     root = str(payload.get("class", "?")).rpartition(":")[2]
     return _Reader(payload, device, source).estimator(payload, root)
 

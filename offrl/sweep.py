@@ -1,19 +1,29 @@
 """Benchmark sweeps: datasets x algorithms x hyper-parameter grid x seeds.
 
 A YAML config is validated as a whole before any run starts (errors name the
-file, line and key).  Each run owns a directory holding its resolved config and
-hash, training/eval CSVs, a checkpoint, the model and `result.json`; a run
-whose `result.json` matches its config hash is skipped, so a stopped sweep
-resumes where it left off.  Runs execute in a local process pool or as Ray
-tasks, with the same outputs.
+file, line and key): every hyper-parameter of every grid point against the
+estimator's declared rules, every environment against gymnasium's registry,
+every name that becomes a folder against `check_path_name`, and no YAML key
+twice.  Each run owns a directory holding its resolved config and hash,
+training/eval CSVs, a checkpoint, the model and `result.json`; a run whose
+`result.json` matches its config hash is skipped, so a stopped sweep resumes
+where it left off.  One process at a time writes a run's directory (it holds
+the directory's lock), and pool workers die with the sweep's process.  Runs
+execute in a local process pool or as Ray tasks, with the same outputs.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib
 import itertools
 import json
+import numbers
 import os
+import re
+import signal
+import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -21,10 +31,13 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
+import yaml
 
 from offrl.datasets.core import atomic_write_path
+from offrl.datasets.files import LockTimeoutError, check_inside, check_path_name, wait_for_lock
 
-__all__ = ["ConfigError", "SweepConfig", "load_config", "parse_config", "expand_runs", "run_sweep", "execute_run"]
+__all__ = ["ConfigError", "SweepConfig", "UniqueKeyLoader", "load_config", "parse_config", "expand_runs", "run_sweep",
+           "execute_run", "run_lock_path", "env_problem"]
 
 _TOP_KEYS = {"name", "datasets", "algorithms", "seeds", "steps", "eval", "ope", "checkpoint_every", "device",
              "threads_per_run", "out", "log_every", "presets"}
@@ -34,10 +47,12 @@ _DATASET_KEYS = {"spec", "eval_env", "build", "label"}
 # What a dataset's `build:` mapping may set for an offrl: dataset (the budget of `offrl datasets build`).
 _BUILD_OPTIONS = {"seed", "n_transitions", "sac_steps", "eval_every", "eval_episodes", "ref_episodes", "sac_params",
                   "n_envs", "env_id", "expert"}
+# Hyper-parameters the sweep sets itself, and from what.
+_SWEEP_PARAMS = {"random_state": "seeds", "device": "device", "n_steps": "steps"}
 
 
 class ConfigError(ValueError):
-    """A sweep config problem, located by file, line and key path."""
+    """A sweep config problem, located by file, line and key."""
 
     def __init__(self, source: str, line: int | None, key: str, message: str) -> None:
         where = f"{source}:{line + 1}" if line is not None else source
@@ -45,16 +60,42 @@ class ConfigError(ValueError):
         self.source, self.line, self.key = source, line, key
 
 
+class DuplicateKeyError(yaml.constructor.ConstructorError):
+    """A YAML mapping names one key twice (PyYAML would silently keep the last)."""
+
+    def __init__(self, key: Any, first_line: int, node: Any, mark: Any) -> None:
+        super().__init__("while constructing a mapping", node.start_mark,
+                         f"found duplicate key {key!r} (first on line {first_line + 1})", mark)
+        self.key, self.first_line = key, first_line
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's SafeLoader, refusing a mapping that names a key twice (e.g. two `IQL:` under `algorithms:`)."""
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> dict[Any, Any]:
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *defaults`: merged keys may be overridden
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.setdefault(key, key_node.start_mark.line)
+                except TypeError:  # an unhashable key: SafeLoader's own error says so
+                    continue
+                if first != key_node.start_mark.line:
+                    raise DuplicateKeyError(key, first, node, key_node.start_mark)
+        return super().construct_mapping(node, deep)
+
+
 def _node_lines(node: Any, prefix: str = "", lines: dict[str, int] | None = None) -> dict[str, int]:
     """Map dotted key paths ('algorithms.IQL.expectile', 'datasets.0') to 0-based YAML line numbers."""
-    import yaml
-
     lines = {} if lines is None else lines
     lines.setdefault(prefix, node.start_mark.line)
     if isinstance(node, yaml.MappingNode):
         for key_node, value_node in node.value:
             path = f"{prefix}.{key_node.value}" if prefix else str(key_node.value)
-            lines[path] = key_node.start_mark.line
+            lines.setdefault(path, key_node.start_mark.line)
             _node_lines(value_node, path, lines)
     elif isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
@@ -86,21 +127,68 @@ class SweepConfig:
 
 
 def load_config(path: str | os.PathLike, check_datasets: bool = True) -> SweepConfig:
-    """Read and validate a sweep YAML file."""
-    import yaml
-
+    """Read and validate a sweep YAML file (a key given twice in one mapping is an error)."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"sweep config {path} does not exist")
     text = path.read_text()
+    node = None
     try:
-        node = yaml.compose(text)
-        raw = yaml.safe_load(text)
+        node = yaml.compose(text, Loader=UniqueKeyLoader)
+        raw = yaml.load(text, Loader=UniqueKeyLoader)
+    except DuplicateKeyError as err:
+        line = err.problem_mark.line
+        lines = _node_lines(node) if node is not None else {}
+        key = next((k for k, v in lines.items() if v == err.first_line and k.rsplit(".", 1)[-1] == str(err.key)),
+                   str(err.key))
+        raise ConfigError(str(path), line, key, f"duplicate key {err.key!r} (first on line {err.first_line + 1}); "
+                          "YAML would keep only the last one, so give each key once") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         raise ConfigError(str(path), None if mark is None else mark.line, "", f"invalid YAML ({err})") from err
     lines = _node_lines(node) if node is not None else {}
-    return parse_config(raw, source=str(path), lines=lines, check_datasets=check_datasets, default_name=path.stem)
+    return parse_config(raw, source=str(path), lines=lines, check_datasets=check_datasets,
+                        default_name=_safe_name(path.stem))
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+
+
+def _safe_name(text: str, fallback: str = "sweep") -> str:
+    """`text` made a safe file name: odd characters and a leading dot become '_' (for names the sweep derives)."""
+    name = re.sub(r"[^A-Za-z0-9_.+-]", "_", text)
+    name = "_" + name[1:] if name.startswith(".") else name
+    return name or fallback
+
+
+def env_problem(env_id: Any) -> str | None:
+    """Why `env_id` cannot be an evaluation env (None when it can): 'auto', None or a registered gymnasium id.
+
+    A `package:Env-vN` id imports the package first, as `gymnasium.make` does.
+    """
+    if env_id is None or env_id == "auto":
+        return None
+    if not isinstance(env_id, str) or not env_id:
+        return f"must be a gymnasium id, 'auto' (the dataset's env) or null (no evaluation), got {env_id!r}"
+    import gymnasium as gym
+
+    module, sep, name = env_id.rpartition(":")
+    if sep:
+        try:
+            importlib.import_module(module)
+        except ImportError as err:
+            return f"{env_id!r} needs the module {module!r}, which cannot be imported ({err}); install it"
+    try:
+        gym.spec(name)
+    except gym.error.Error as err:
+        return (f"{env_id!r} is not a registered gymnasium environment ({err}); use a registered id such as "
+                "'Pendulum-v1', 'auto' (the dataset's env) or null (no evaluation)")
+    return None
 
 
 def parse_config(
@@ -110,57 +198,84 @@ def parse_config(
     check_datasets: bool = True,
     default_name: str = "sweep",
 ) -> SweepConfig:
-    """Validate a config mapping (as loaded from YAML); every problem is a ConfigError."""
+    """Validate a config mapping (as loaded from YAML); every problem is a ConfigError.
+
+    Everything a run would trip over is checked here, before any run starts:
+    each grid point's hyper-parameters (with the estimator's own rules),
+    environments, seeds and counts, and the names that become folders.
+    """
     lines = lines or {}
 
     def fail(key: str, message: str) -> ConfigError:
-        line = lines.get(key)
-        parts = key.split(".")
+        lookup = re.sub(r"\[(\d+)\]", r".\1", key)  # 'algorithms.BC.lr[1]' sits on the line of 'algorithms.BC.lr.1'
+        line = lines.get(lookup)
+        parts = lookup.split(".")
         while line is None and parts:
             parts = parts[:-1]
             line = lines.get(".".join(parts))
         return ConfigError(source, line, key, message)
 
+    def count(key: str, value: Any, low: int = 1) -> int:
+        if not _is_int(value) or value < low:
+            raise fail(key, f"{key.rsplit('.', 1)[-1]} must be an integer >= {low}, got {value!r}")
+        return int(value)
+
     if not isinstance(raw, dict):
         raise fail("", "the config must be a mapping with datasets, algorithms, seeds and steps")
     unknown = set(raw) - _TOP_KEYS
     if unknown:
-        key = sorted(unknown)[0]
+        key = sorted(map(str, unknown))[0]
         raise fail(key, f"unknown key {key!r}; allowed keys are {sorted(_TOP_KEYS)}")
     for key in ("datasets", "algorithms", "steps"):
         if key not in raw:
             raise fail("", f"missing required key {key!r}")
 
+    name = raw.get("name")
+    if name is None:
+        name = _safe_name(default_name)
+    else:
+        try:
+            check_path_name(name, "name")  # the default output folder is offrl-results/<name>
+        except (TypeError, ValueError) as err:
+            raise fail("name", str(err)) from None
+    out = raw.get("out")
+    if out is not None and (not isinstance(out, str) or not out):
+        raise fail("out", f"out must be a folder path (a string) or null, got {out!r}")
+
     datasets = _parse_datasets(raw["datasets"], fail, check_datasets)
     algorithms = _parse_algorithms(raw["algorithms"], fail)
 
     seeds_raw = raw.get("seeds", [0])
-    if isinstance(seeds_raw, int) and not isinstance(seeds_raw, bool):
+    if _is_int(seeds_raw):
         if seeds_raw < 1:
             raise fail("seeds", "an integer seeds gives the number of seeds and must be at least 1")
         seeds = list(range(seeds_raw))
-    elif isinstance(seeds_raw, list) and seeds_raw and all(isinstance(s, int) and not isinstance(s, bool) for s in seeds_raw):
-        seeds = list(seeds_raw)
+    elif isinstance(seeds_raw, list) and seeds_raw and all(_is_int(s) for s in seeds_raw):
+        seeds = [int(s) for s in seeds_raw]
+        bad = [s for s in seeds if not 0 <= s < 2**63]
+        if bad:
+            raise fail("seeds", f"seeds must be non-negative integers below 2**63 (each is a run's random_state), "
+                                f"got {bad[0]}")
         if len(set(seeds)) != len(seeds):
             raise fail("seeds", f"seeds repeat: {seeds}")
     else:
         raise fail("seeds", f"seeds must be a non-empty list of integers or a count, got {seeds_raw!r}")
 
-    steps = raw["steps"]
-    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
-        raise fail("steps", f"steps must be a positive integer, got {steps!r}")
+    steps = count("steps", raw["steps"])
 
     eval_cfg = raw.get("eval") or {}
     if not isinstance(eval_cfg, dict):
         raise fail("eval", "eval must be a mapping with every, episodes and env")
     bad = set(eval_cfg) - _EVAL_KEYS
     if bad:
-        raise fail(f"eval.{sorted(bad)[0]}", f"unknown eval key; allowed: {sorted(_EVAL_KEYS)}")
+        raise fail(f"eval.{sorted(map(str, bad))[0]}", f"unknown eval key; allowed: {sorted(_EVAL_KEYS)}")
     eval_cfg = {"every": eval_cfg.get("every", max(steps // 10, 1)), "episodes": eval_cfg.get("episodes", 10),
                 "env": eval_cfg.get("env", "auto")}
     for key in ("every", "episodes"):
-        if not isinstance(eval_cfg[key], int) or eval_cfg[key] < 1:
-            raise fail(f"eval.{key}", f"must be a positive integer, got {eval_cfg[key]!r}")
+        count(f"eval.{key}", eval_cfg[key])
+    problem = env_problem(eval_cfg["env"])
+    if problem:
+        raise fail("eval.env", problem)
 
     ope = raw.get("ope")
     if ope is not None:
@@ -168,29 +283,32 @@ def parse_config(
             raise fail("ope", "ope must be a mapping with estimators, gamma and rollouts")
         bad = set(ope) - _OPE_KEYS
         if bad:
-            raise fail(f"ope.{sorted(bad)[0]}", f"unknown ope key; allowed: {sorted(_OPE_KEYS)}")
+            raise fail(f"ope.{sorted(map(str, bad))[0]}", f"unknown ope key; allowed: {sorted(_OPE_KEYS)}")
         ope = {"estimators": ope.get("estimators", ["FQE"]), "gamma": ope.get("gamma", 0.99), "rollouts": ope.get("rollouts", 10)}
         if not isinstance(ope["estimators"], list) or not ope["estimators"]:
             raise fail("ope.estimators", "estimators must be a non-empty list of estimator names")
-        if not isinstance(ope["gamma"], (int, float)) or not 0 < ope["gamma"] <= 1:
-            raise fail("ope.gamma", f"gamma must lie in (0, 1], got {ope['gamma']!r}")
+        if not _is_real(ope["gamma"]) or not 0 < ope["gamma"] <= 1:
+            raise fail("ope.gamma", f"gamma must be a number in (0, 1], got {ope['gamma']!r}")
+        count("ope.rollouts", ope["rollouts"])
         _check_estimators(ope["estimators"], fail)
 
     checkpoint_every = raw.get("checkpoint_every")
-    if checkpoint_every is not None and (not isinstance(checkpoint_every, int) or checkpoint_every < 1):
-        raise fail("checkpoint_every", f"checkpoint_every must be a positive integer, got {checkpoint_every!r}")
-    threads = raw.get("threads_per_run", 1)
-    if not isinstance(threads, int) or threads < 1:
-        raise fail("threads_per_run", f"threads_per_run must be a positive integer, got {threads!r}")
-    log_every = raw.get("log_every", 100)
-    if not isinstance(log_every, int) or log_every < 1:
-        raise fail("log_every", f"log_every must be a positive integer, got {log_every!r}")
+    if checkpoint_every is not None:
+        count("checkpoint_every", checkpoint_every)
+    threads = count("threads_per_run", raw.get("threads_per_run", 1))
+    log_every = count("log_every", raw.get("log_every", 100))
     presets = raw.get("presets", True)
     if not isinstance(presets, bool):
         raise fail("presets", f"presets must be true or false, got {presets!r}")
+    from offrl.algos.params import device_name
+
+    device = raw.get("device", "cpu")
+    rule = device_name()
+    if not rule.accepts(device):
+        raise fail("device", f"device must be {rule.allowed}, got {device!r}")
     return SweepConfig(
         presets=presets,
-        name=str(raw.get("name") or default_name),
+        name=name,
         datasets=datasets,
         algorithms=algorithms,
         seeds=seeds,
@@ -198,13 +316,26 @@ def parse_config(
         eval=eval_cfg,
         ope=ope,
         checkpoint_every=checkpoint_every,
-        device=str(raw.get("device", "cpu")),
+        device=device,
         threads_per_run=threads,
         log_every=log_every,
-        out=raw.get("out"),
+        out=out,
         source=source,
         raw=raw,
     )
+
+
+def _build_option_rules() -> dict[str, Any]:
+    """What each `build:` option of an offrl: dataset may be (the builder's own checks then apply)."""
+    from offrl.algos.params import Rule, choice, integer
+    from offrl.datasets.built import EXPERT_CHOICES
+
+    mapping = Rule(lambda v: isinstance(v, dict) and all(isinstance(k, str) for k in v),
+                   "a mapping of SAC hyper-parameters")
+    text = Rule(lambda v: isinstance(v, str) and bool(v), "a gymnasium id")
+    return {"seed": integer(0), "n_transitions": integer(1), "sac_steps": integer(1), "eval_every": integer(1),
+            "eval_episodes": integer(10), "ref_episodes": integer(10), "n_envs": integer(1), "sac_params": mapping,
+            "env_id": text, "expert": choice(*EXPERT_CHOICES)}
 
 
 def _parse_datasets(value: Any, fail: Any, check: bool) -> list[dict[str, Any]]:
@@ -215,11 +346,11 @@ def _parse_datasets(value: Any, fail: Any, check: bool) -> list[dict[str, Any]]:
         key = f"datasets.{i}"
         if isinstance(item, str):
             item = {"spec": item}
-        if not isinstance(item, dict) or "spec" not in item or not isinstance(item["spec"], str):
+        if not isinstance(item, dict) or not isinstance(item.get("spec"), str) or not item["spec"]:
             raise fail(key, "each dataset is a load spec string or a mapping with a 'spec' string")
         bad = set(item) - _DATASET_KEYS
         if bad:
-            raise fail(f"{key}.{sorted(bad)[0]}", f"unknown dataset key; allowed: {sorted(_DATASET_KEYS)}")
+            raise fail(f"{key}.{sorted(map(str, bad))[0]}", f"unknown dataset key; allowed: {sorted(_DATASET_KEYS)}")
         build = item.get("build", True)
         options: dict[str, Any] = {}
         if isinstance(build, dict):  # build options of an offrl: dataset, e.g. {sac_steps: 200000}
@@ -227,12 +358,27 @@ def _parse_datasets(value: Any, fail: Any, check: bool) -> list[dict[str, Any]]:
                 raise fail(f"{key}.build", "build options apply only to offrl: datasets; use true or false")
             bad = set(build) - _BUILD_OPTIONS
             if bad:
-                raise fail(f"{key}.build.{sorted(bad)[0]}", f"unknown build option; allowed: {sorted(_BUILD_OPTIONS)}")
+                raise fail(f"{key}.build.{sorted(map(str, bad))[0]}",
+                           f"unknown build option; allowed: {sorted(_BUILD_OPTIONS)}")
+            for option, rule in _build_option_rules().items():
+                if option in build and not rule.accepts(build[option]):
+                    raise fail(f"{key}.build.{option}", f"{option} must be {rule.allowed}, got {build[option]!r}")
             options, build = dict(build), True
         elif not isinstance(build, bool):
             raise fail(f"{key}.build", f"build must be true, false or a mapping of build options, got {build!r}")
-        entry = {"spec": item["spec"], "eval_env": item.get("eval_env", "auto"), "build": build,
-                 "label": item.get("label") or item["spec"].split(":", 1)[-1].replace("/", "_")}
+        label = item.get("label")
+        if label is None:  # derived from the spec (a path, an id): made safe rather than refused
+            label = _safe_name(item["spec"].split(":", 1)[-1], fallback="dataset")
+        else:
+            try:
+                check_path_name(label, "label")  # it names the dataset's folder of runs
+            except (TypeError, ValueError) as err:
+                raise fail(f"{key}.label", str(err)) from None
+        eval_env = item.get("eval_env", "auto")
+        problem = env_problem(eval_env)
+        if problem:
+            raise fail(f"{key}.eval_env", problem)
+        entry = {"spec": item["spec"], "eval_env": eval_env, "build": build, "label": label}
         if options:
             entry["build_options"] = options
         if check:
@@ -249,8 +395,9 @@ def _parse_datasets(value: Any, fail: Any, check: bool) -> list[dict[str, Any]]:
 def dataset_problem(spec: str, build: bool = True, options: Mapping[str, Any] | None = None) -> str | None:
     """Why `spec` cannot be loaded, or None if it can (without loading it).
 
-    An `offrl:` dataset is fine when `build` is set (it is built on first
-    use) or when it is built with the budget `options`.
+    An `offrl:` dataset is fine when `build` is set and its budget is one the
+    builder accepts (it is built on first use), or when it is built with the
+    budget `options`.
     """
     from offrl.datasets import d4rl
 
@@ -276,7 +423,12 @@ def dataset_problem(spec: str, build: bool = True, options: Mapping[str, Any] | 
 
         try:
             parse_name(rest)
-            if build or built_record(rest, **(options or {})) is not None:
+            if build:
+                from offrl.builder import check_build
+
+                check_build(rest, **(options or {}))
+                return None
+            if built_record(rest, **(options or {})) is not None:
                 return None
         except (ValueError, TypeError) as err:
             return str(err)
@@ -315,51 +467,81 @@ def available_algorithms() -> list[str]:
 
 
 def _parse_algorithms(value: Any, fail: Any) -> dict[str, dict[str, Any]]:
+    from offrl.algos.params import InvalidParameterError, check_params
+
     if not isinstance(value, dict) or not value:
         raise fail("algorithms", "algorithms must be a mapping of algorithm name -> hyper-parameters (a list means a grid)")
     out = {}
     for label, params in value.items():
         key = f"algorithms.{label}"
-        params = dict(params or {})
-        if not isinstance(params, dict):
-            raise fail(key, "hyper-parameters must be a mapping")
-        name = params.pop("algorithm", label)
         try:
-            cls = _algorithm_class(str(name))
+            check_path_name(label, "algorithm key")  # it names the runs' folders
+        except (TypeError, ValueError) as err:
+            raise fail(key, str(err)) from None
+        params = {} if params is None else params
+        if not isinstance(params, dict):
+            raise fail(key, f"the hyper-parameters of {label} must be a mapping of name -> value (a list of values "
+                            f"is a grid), got {params!r}")
+        params = dict(params)
+        name = params.pop("algorithm", label)
+        if not isinstance(name, str):
+            raise fail(f"{key}.algorithm", f"algorithm must be an algorithm name such as 'IQL', got {name!r}")
+        try:
+            cls = _algorithm_class(name)
         except KeyError:
             raise fail(key, f"unknown algorithm {name!r}; available: {available_algorithms()}") from None
-        defaults = cls().get_params()
+        template = cls()
+        defaults = template.get_params()
         grid = {}
         for param, spec in params.items():
             pkey = f"{key}.{param}"
-            if param in ("random_state", "device"):
-                raise fail(pkey, f"{param} is set by the sweep (seeds / device), not per algorithm")
+            if param in _SWEEP_PARAMS:
+                raise fail(pkey, f"{param} is set by the sweep (its {_SWEEP_PARAMS[param]!r}), not per algorithm")
             if param not in defaults:
                 raise fail(pkey, f"{name} has no hyper-parameter {param!r}; valid ones: {sorted(defaults)}")
-            grid[param] = _grid_values(spec, defaults[param], pkey, fail)
-        out[str(label)] = {"algorithm": str(name), "grid": grid}
+            values, keys = _grid_values(spec, defaults[param], pkey, fail)
+            for i, (v, vkey) in enumerate(zip(values, keys)):
+                try:
+                    check_params(template, {param: v})
+                except InvalidParameterError as err:
+                    raise fail(vkey, str(err)) from None
+                if v in values[:i]:
+                    raise fail(pkey, f"the grid repeats {v!r}; each value makes one variant, so list it once")
+            grid[param] = values
+        names = sorted(grid)
+        for point in itertools.product(*(grid[n] for n in names)):  # as the runs will build them
+            settings = dict(zip(names, point))
+            try:
+                cls(**settings).check_params()
+            except (InvalidParameterError, TypeError, ValueError) as err:
+                raise fail(key, f"the grid point {settings}: {err}") from None
+        out[label] = {"algorithm": name, "grid": grid}
     return out
 
 
-def _grid_values(spec: Any, default: Any, key: str, fail: Any) -> list[Any]:
-    """A list is a grid, except for list-valued hyper-parameters (e.g. hidden_dims), where a list of lists is."""
+def _grid_values(spec: Any, default: Any, key: str, fail: Any) -> tuple[list[Any], list[str]]:
+    """The values of one hyper-parameter and the config key of each.
+
+    A list is a grid, except for list-valued hyper-parameters (e.g. hidden_dims), where a list of lists is.
+    """
     if isinstance(spec, dict):
         if set(spec) != {"grid"}:
             raise fail(key, "a mapping value must be {grid: [v1, v2, ...]}")
         spec = spec["grid"]
         if not isinstance(spec, list):
             raise fail(key, "grid must be a list of values")
-        values = spec
+        values, keys = spec, [f"{key}.grid[{i}]" for i in range(len(spec))]
     elif isinstance(default, (list, tuple)):
-        values = spec if (isinstance(spec, list) and spec and all(isinstance(v, list) for v in spec)) else [spec]
+        grid = isinstance(spec, list) and spec and all(isinstance(v, list) for v in spec)
+        values, keys = (spec, [f"{key}[{i}]" for i in range(len(spec))]) if grid else ([spec], [key])
     else:
-        values = spec if isinstance(spec, list) else [spec]
+        values, keys = (spec, [f"{key}[{i}]" for i in range(len(spec))]) if isinstance(spec, list) else ([spec], [key])
     if not values:
         raise fail(key, "a grid needs at least one value")
-    for v in values:
+    for v, vkey in zip(values, keys):
         if isinstance(v, dict) or (isinstance(v, list) and not isinstance(default, (list, tuple))):
-            raise fail(key, f"malformed grid value {v!r}; use scalars, e.g. [0.7, 0.9]")
-    return [tuple(v) if isinstance(v, list) else v for v in values]
+            raise fail(vkey, f"malformed grid value {v!r}; use scalars, e.g. [0.7, 0.9]")
+    return [tuple(v) if isinstance(v, list) else v for v in values], keys
 
 
 def _check_estimators(names: list[Any], fail: Any) -> None:
@@ -377,8 +559,15 @@ def _hash(obj: Any) -> str:
 
 
 def expand_runs(config: SweepConfig, out_dir: str | os.PathLike) -> list[dict[str, Any]]:
-    """The cross product of datasets x algorithms x grid points x seeds, as plain dicts."""
+    """The cross product of datasets x algorithms x grid points x seeds, as plain dicts.
+
+    Each point is checked once more as the estimator its runs will build (with
+    the dataset's preset), and each run directory must lie inside `out_dir`/runs.
+    """
+    from offrl.algos.params import InvalidParameterError
+
     out_dir = Path(out_dir)
+    runs_root = out_dir / "runs"
     runs = []
     for dataset in config.datasets:
         for label, algo in config.algorithms.items():
@@ -388,6 +577,12 @@ def expand_runs(config: SweepConfig, out_dir: str | os.PathLike) -> list[dict[st
             for values in points:
                 grid_point = dict(zip(names, values))
                 params = {**preset, **grid_point}  # explicit settings override the per-dataset preset
+                if preset:
+                    try:
+                        _algorithm_class(algo["algorithm"])(**params).check_params()
+                    except (InvalidParameterError, TypeError, ValueError) as err:
+                        raise ConfigError(config.source, None, f"algorithms.{label}",
+                                          f"with the preset for {dataset['label']} ({preset}): {err}") from None
                 # A grid's points are told apart by a hash of their settings; a single point keeps the plain label.
                 variant = label if len(points) == 1 else f"{label}-{_hash(grid_point)[:8]}"
                 for seed in config.seeds:
@@ -405,7 +600,8 @@ def expand_runs(config: SweepConfig, out_dir: str | os.PathLike) -> list[dict[st
                         "log_every": config.log_every,
                     }
                     config_hash = _hash(resolved)
-                    run_dir = out_dir / "runs" / dataset["label"] / variant / f"seed{seed}"
+                    run_dir = runs_root / dataset["label"] / variant / f"seed{seed}"
+                    check_inside(run_dir, runs_root, f"the run directory of {dataset['label']}/{variant}/seed{seed}")
                     runs.append({**resolved, "variant": variant, "hash": config_hash, "dir": str(run_dir),
                                  "threads": config.threads_per_run})
     return runs
@@ -427,11 +623,14 @@ def _write_json(path: Path, obj: Any) -> None:
 
 
 def read_result(run_dir: str | os.PathLike) -> dict[str, Any] | None:
+    """A run's result.json, or None when it has none (or an unreadable one: the run is then done again)."""
     path = Path(run_dir) / "result.json"
-    if not path.exists():
+    try:
+        with open(path) as f:
+            result = json.load(f)
+    except (OSError, ValueError):  # absent, or damaged by hand or disk
         return None
-    with open(path) as f:
-        return json.load(f)
+    return result if isinstance(result, dict) else None
 
 
 _DATASET_CACHE: dict[str, Any] = {}
@@ -477,20 +676,42 @@ def _eval_env(entry: Mapping[str, Any], eval_cfg: Mapping[str, Any], dataset: An
     return env or None
 
 
-def execute_run(run: Mapping[str, Any]) -> dict[str, Any]:
-    """Train, evaluate (and optionally OPE) one run; never raises: failures are recorded in the run dir."""
-    import torch
+# How long a run waits for another process writing its directory (another sweep on the same `out`).
+RUN_LOCK_TIMEOUT = 24 * 3600.0
 
+
+def run_lock_path(run_dir: str | os.PathLike) -> Path:
+    """The lock a process holds while it writes a run's directory."""
+    return Path(run_dir) / "run.lock"
+
+
+def execute_run(run: Mapping[str, Any]) -> dict[str, Any]:
+    """Train, evaluate (and optionally OPE) one run; never raises: failures are recorded in the run dir.
+
+    The run holds its directory's lock throughout: a second process given the
+    same run (another sweep on the same `out`, a re-run while an old worker is
+    still alive) waits for it, then finds its result and skips it.
+    """
     run_dir = Path(run["dir"])
     run_dir.mkdir(parents=True, exist_ok=True)
+    base = {"hash": run["hash"], "dataset": run["dataset"]["label"], "algorithm": run["algorithm"], "label": run["label"],
+            "variant": run["variant"], "params": run["params"], "seed": run["seed"], "steps": run["steps"], "dir": str(run_dir)}
+    try:
+        with wait_for_lock(run_lock_path(run_dir), f"run {run_dir}", timeout=RUN_LOCK_TIMEOUT):
+            return _execute_locked(run, run_dir, base)
+    except LockTimeoutError as err:  # nothing of this run was touched
+        return {**base, "status": "failed", "error": str(err)}
+
+
+def _execute_locked(run: Mapping[str, Any], run_dir: Path, base: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
     existing = read_result(run_dir)
     if existing is not None and existing.get("hash") == run["hash"]:
         return {**existing, "skipped": True}
     torch.set_num_threads(int(run.get("threads", 1)))
     _write_json(run_dir / "config.json", {k: v for k, v in run.items() if k != "threads"})
     started = time.time()
-    base = {"hash": run["hash"], "dataset": run["dataset"]["label"], "algorithm": run["algorithm"], "label": run["label"],
-            "variant": run["variant"], "params": run["params"], "seed": run["seed"], "steps": run["steps"], "dir": str(run_dir)}
     try:
         dataset = _load_dataset(run["dataset"])
         algo = _make_algorithm(run)
@@ -597,21 +818,23 @@ def run_sweep(
     """
     from offrl.report import results_frame
 
+    if backend not in ("local", "ray"):
+        raise ValueError(f"backend must be 'local' or 'ray', got {backend!r}")
+    if workers is not None and (not _is_int(workers) or workers < 1):
+        raise ValueError(f"workers must be a positive integer (parallel runs) or None (one per CPU), got {workers!r}")
     if not isinstance(config, SweepConfig):
         config = load_config(config)
     out_dir = Path(out or config.out or Path("offrl-results") / config.name)
+    runs = expand_runs(config, out_dir)  # checks every run before anything is written
     out_dir.mkdir(parents=True, exist_ok=True)
-    runs = expand_runs(config, out_dir)
     _write_json(out_dir / "sweep.json", {"name": config.name, "source": config.source, "config": config.raw,
                                          "runs": [r["dir"] for r in runs]})
     todo = pending_runs(runs)
-    workers = max(1, workers or (os.cpu_count() or 1))
+    workers = int(workers or os.cpu_count() or 1)
     if backend == "local":
         results = _run_local(todo, workers, progress, len(runs) - len(todo), on_result)
-    elif backend == "ray":
-        results = _run_ray(todo, workers, address, progress, len(runs) - len(todo), on_result)
     else:
-        raise ValueError(f"backend must be 'local' or 'ray', got {backend!r}")
+        results = _run_ray(todo, workers, address, progress, len(runs) - len(todo), on_result)
     failed = [r for r in results if r.get("status") == "failed"]
     for r in failed:
         print(f"run failed: {r['dir']}: {r.get('error')} (traceback in {r['dir']}/error.txt)")
@@ -669,6 +892,37 @@ class _Progress:
 
 
 _POLL_SECONDS = 2.0
+_PARENT_POLL_SECONDS = 1.0
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Pool-worker initializer: end this worker as soon as the sweep's process `parent_pid` dies.
+
+    A killed sweep (kill -9, the OOM killer) must not leave workers training
+    and writing into run folders that a re-run is about to use.  On Linux the
+    kernel sends SIGKILL when the parent dies (prctl PR_SET_PDEATHSIG); a
+    watchdog thread that polls the parent's pid covers other systems and a
+    parent that died before prctl took effect.
+    """
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        except (OSError, AttributeError) as err:  # no prctl: the watchdog alone
+            print(f"offrl: cannot tie sweep worker {os.getpid()} to its parent with prctl ({err}); "
+                  "watching the parent instead", file=sys.stderr)
+    if os.getppid() != parent_pid:  # the parent is already gone
+        os.kill(os.getpid(), signal.SIGKILL)
+    threading.Thread(target=_watch_parent, args=(parent_pid,), name="offrl-parent-watchdog", daemon=True).start()
+
+
+def _watch_parent(parent_pid: int) -> None:
+    while os.getppid() == parent_pid:
+        time.sleep(_PARENT_POLL_SECONDS)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _run_local(runs: list[dict[str, Any]], workers: int, progress: bool, skipped: int,
@@ -684,7 +938,8 @@ def _run_local(runs: list[dict[str, Any]], workers: int, progress: bool, skipped
                 view.show()
                 view.record(execute_run(run))
             return view.results
-        with cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
+        with cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"),
+                                    initializer=_die_with_parent, initargs=(os.getpid(),)) as pool:
             futures = {pool.submit(execute_run, run): run for run in runs}  # insertion order = submission order
             pending = set(futures)
             while pending:
@@ -733,7 +988,8 @@ def _run_ray(runs: list[dict[str, Any]], workers: int, address: str | None, prog
 
 
 def iter_results(out_dir: str | os.PathLike) -> Iterable[dict[str, Any]]:
-    """Every result.json under a sweep directory."""
+    """Every readable result.json under a sweep directory (a damaged one is skipped: its run is redone)."""
     for path in sorted(Path(out_dir).glob("runs/**/result.json")):
-        with open(path) as f:
-            yield json.load(f)
+        result = read_result(path.parent)
+        if result is not None:
+            yield result

@@ -210,6 +210,64 @@ def test_medium_replay_comes_from_the_replay_buffer_the_builder_wrote(built, tmp
     assert rebuilt.metadata["cut_episodes"] == reference.metadata["cut_episodes"]
 
 
+def _damaged_copy(built, tmp_path, monkeypatch):
+    """A copy of the shared build to damage, its run directory, and a function giving a kind's dataset folder."""
+    import shutil
+    from pathlib import Path
+
+    import offrl.datasets.built as built_mod
+
+    root = tmp_path / "copy"
+    shutil.copytree(built["dir"], root)
+    monkeypatch.setenv("OFFRL_DATA_DIR", str(root))
+    run_dir = Path(built["report"].run_dir.replace(str(built["dir"]), str(root)))
+    return root, run_dir, lambda kind: built_mod.dataset_path(root, built["report"].datasets[kind]["dataset_id"])
+
+
+def _truncate(path, keep: float = 0.5) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+
+
+def test_a_damaged_build_cache_is_named_with_the_rebuild(built, tmp_path, monkeypatch):
+    """Truncated cache files raised raw torch, h5py and json errors; each now names the file and the rebuild."""
+    import re
+    import shutil
+
+    root, run_dir, folder = _damaged_copy(built, tmp_path, monkeypatch)
+    rebuild = re.escape("force=True)")
+    # The replay buffer medium-replay is cut from.
+    _truncate(run_dir / "replay_buffer.pt")
+    shutil.rmtree(folder("medium-replay"))
+    with pytest.raises(ValueError, match=rf"replay buffer {re.escape(str(run_dir / 'replay_buffer.pt'))} is damaged "
+                                         rf".*{rebuild}"):
+        build("pendulum-medium-replay-v1", progress=False, **TINY)
+    # A policy file a kind is collected with.
+    _truncate(run_dir / "policies" / "medium.pt")
+    shutil.rmtree(folder("medium"))
+    with pytest.raises(ValueError, match=rf"{re.escape(str(run_dir / 'policies' / 'medium.pt'))}.*build cache .* is "
+                                         rf"damaged.*{rebuild}"):
+        build("pendulum-medium-v1", progress=False, **TINY)
+    # A dataset's own files.
+    data_file = next((folder("expert") / "data").glob("*.hdf5"))
+    _truncate(data_file)
+    with pytest.raises(ValueError, match=rf"files of offrl dataset 'pendulum-expert-v1' under .* are damaged.*{rebuild}"):
+        load_built("pendulum-expert-v1", **LOAD)
+    # A dataset's build record: loading names it; building writes that kind again.
+    _truncate(folder("random") / "data" / "metadata.json")
+    with pytest.raises(ValueError, match=r"build record of offrl dataset 'pendulum-random-v1' is damaged: .*"
+                                         rf"metadata\.json cannot be read .*{rebuild}"):
+        load_built("pendulum-random-v1", **LOAD)
+    assert build("pendulum-random-v1", progress=False, **TINY).built == ["random"]
+    again = load_built("pendulum-random-v1", **LOAD)
+    assert np.array_equal(again.actions, built["datasets"]["random"].actions)
+    # The SAC run's state.
+    _truncate(run_dir / "run.json")
+    with pytest.raises(ValueError, match=rf"SAC run's state {re.escape(str(run_dir / 'run.json'))} is damaged.*"
+                                         rf"{rebuild}"):
+        build("pendulum-random-v1", progress=False, **TINY)
+
+
 def _config(**kwargs):
     return builder_mod._make_config("pendulum-medium-v1", **{
         "n_transitions": None, "seed": 0, "sac_steps": None, "eval_every": None, "eval_episodes": 10,
@@ -241,10 +299,14 @@ def _another(name, value):
         return -0.5 if name == "target_entropy" else 1e-3
     if isinstance(value, bool):
         return not value
-    if isinstance(value, int):
-        return value + 1
-    if isinstance(value, float):
-        return value * 2
+    if isinstance(value, (int, float)):  # within SAC's declared range: builds check SAC's settings up front
+        from offrl.algos.params import param_rules
+
+        rule = param_rules(SAC).get(name)
+        steps = (value + 1, value - 1) if isinstance(value, int) else (value * 2, value / 2, value + 0.01)
+        valid = [v for v in steps if rule is None or rule.accepts(v)]
+        if valid:
+            return valid[0]
     raise AssertionError(f"add a test value for the new SAC parameter {name}={value!r}")
 
 
@@ -386,6 +448,8 @@ def test_collect_marks_terminals_and_timeouts():
          "too small to reach a medium policy"),
         ("pendulum-medium-v1", {"sac_params": {"learning_rate": 1e-3}}, "unknown SAC parameter"),
         ("pendulum-medium-v1", {"env_id": "Pendulum-v0"}, "not a registered"),
+        ("pendulum-medium-v1", {"sac_params": {"gamma": 1.5}}, r"SAC: gamma must be a real number in \[0, 1\]"),
+        ("/-medium-v1", {"env_id": "Pendulum-v1"}, "has no letters or digits in its env part"),
     ],
 )
 def test_bad_input_fails_before_any_work(name, kwargs, match, tmp_path):

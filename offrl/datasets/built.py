@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from offrl.datasets.core import Dataset
+from offrl.datasets.files import check_path_name
 
 __all__ = [
     "KINDS",
@@ -193,8 +194,12 @@ def parse_name(name: str, env_id: str | None = None) -> BuildTarget:
                 f"{resolved} is not registered in gymnasium (versions of {base}: "
                 f"{', '.join(f'v{v}' for v in versions) or 'none'}); use one of those versions in {name!r}"
             )
-    return BuildTarget(name=name, env=re.sub(r"[^a-z0-9_]", "", env.replace("-", "")) or key, env_id=resolved,
-                       version=version, kinds=kinds)
+    short = re.sub(r"[^a-z0-9_]", "", env.replace("-", ""))
+    if not short:  # e.g. '/' or '..' with an explicit env_id: the env part names the build's folders
+        raise ValueError(f"dataset name {name!r} has no letters or digits in its env part {env!r}, which names the "
+                         "build's folders; use an env name such as 'pendulum' (with env_id for the gymnasium id)")
+    check_path_name(f"{short}-v{version}", f"the env folder of dataset name {name!r}")
+    return BuildTarget(name=name, env=short, env_id=resolved, version=version, kinds=kinds)
 
 
 # ---------------------------------------------------------------------- requests
@@ -315,6 +320,12 @@ class BuildRequest:
                  ("expert", self.expert if self.expert != "final" else None)]
         return f"offrl datasets build {self.target.name}" + "".join(f" --{k} {v}" for k, v in flags if v is not None)
 
+    def rebuild_hint(self) -> str:
+        """How to rebuild this request from scratch: the CLI line (when it can say it) or the Python call."""
+        command = self.build_command()
+        call = self.builder_call()[:-1] + ", force=True)"
+        return (f"`{command} --force` or " if command else "") + call
+
     def builder_call(self) -> str:
         """The `offrl.builder.load_or_build(...)` call for this request."""
         args = [repr(self.target.name)]
@@ -411,18 +422,61 @@ def read_metadata(root: Path, dataset_id: str) -> dict[str, Any] | None:
         return None
 
 
+# What a build record (a built dataset's `offrl_build` metadata) must hold for `load_built`.
+_RECORD_FIELDS = {"config": dict, "medium_step": int}
+
+
+def build_record_problem(root: Path, dataset_id: str) -> tuple[dict[str, Any] | None, str | None]:
+    """(the build record of `dataset_id`, None) when it is readable; (None, None) when the dataset has none
+    (not built); (None, what is wrong) when its metadata.json is damaged (truncated, edited)."""
+    path = dataset_path(root, dataset_id) / "data" / "metadata.json"
+    if not path.exists():
+        return None, None
+    try:
+        metadata = read_json(path)
+    except (OSError, ValueError) as err:
+        return None, f"{path} cannot be read ({type(err).__name__}: {err})"
+    info = metadata.get("offrl_build") if isinstance(metadata, dict) else None
+    if info is None:
+        return None, None
+    if not isinstance(info, dict):
+        return None, f"{path}: offrl_build is a {type(info).__name__}, not a mapping"
+    for key, kind in _RECORD_FIELDS.items():
+        if not isinstance(info.get(key), kind) or isinstance(info.get(key), bool):
+            return None, f"{path}: offrl_build.{key} is {info.get(key)!r}, not a {kind.__name__}"
+    return info, None
+
+
 def _lookup(name: str, data_dir: str | os.PathLike | None, budget: Mapping[str, Any], verb: str
             ) -> tuple[BuildRequest, Path, str, dict[str, Any] | None, list[str]]:
     """The request for one kind, the data root, its dataset id, its build record (None if not built) and how the
-    record's configuration differs from the request (empty: it is this request's)."""
+    record's configuration differs from the request (empty: it is this request's).  A damaged record raises
+    ValueError saying how to rebuild it."""
     request = resolve(name, **budget)
     if len(request.target.kinds) != 1:
         raise ValueError(f"{name!r} names several kinds; {verb} one, e.g. {request.target.dataset_name('medium')!r}")
     root = data_root(data_dir)
     dataset_id = request.dataset_id(request.target.kinds[0])
-    info = (read_metadata(root, dataset_id) or {}).get("offrl_build")
+    info, damage = build_record_problem(root, dataset_id)
+    if damage:
+        raise ValueError(f"the build record of offrl dataset {name!r} is damaged: {damage}; rebuild it with "
+                         f"{request.rebuild_hint()}")
     problems = request.mismatches(info.get("config", {})) if info else []
     return request, root, dataset_id, info, problems
+
+
+_DAMAGE_ERRORS = (OSError, KeyError, ValueError, RuntimeError, TypeError, IndexError, AttributeError, EOFError)
+
+
+def load_built_files(dataset_id: str, root: Path, name: str, hint: str) -> Dataset:
+    """The Minari files of a built dataset as a Dataset; damaged files raise ValueError naming them and `hint`."""
+    from offrl.datasets.minari import load_minari
+
+    try:
+        return load_minari(dataset_id, data_path=root)
+    except _DAMAGE_ERRORS as err:
+        raise ValueError(f"the files of offrl dataset {name!r} under {dataset_path(root, dataset_id)} are damaged "
+                         f"({type(err).__name__}: {err}); rebuild it with {hint}") from err
 
 
 def built_record(name: str, *, data_dir: str | os.PathLike | None = None, **budget: Any) -> dict[str, Any] | None:
@@ -440,10 +494,9 @@ def load_built(name: str, *, data_dir: str | os.PathLike | None = None, **budget
     `budget` takes `resolve`'s arguments (seed, n_transitions, sac_steps, eval_every, eval_episodes,
     ref_episodes, sac_params, n_envs, expert, env_id): those the dataset was built with (defaults: the
     env's default budget).  A dataset that is not built, or was built with another budget, raises
-    FileNotFoundError saying how to build it.
+    FileNotFoundError saying how to build it; one whose record or files are damaged raises ValueError
+    saying how to rebuild it.
     """
-    from offrl.datasets.minari import load_minari
-
     request, root, dataset_id, info, problems = _lookup(name, data_dir, budget, "load")
     target = request.target
     kind = target.kinds[0]
@@ -455,7 +508,7 @@ def load_built(name: str, *, data_dir: str | os.PathLike | None = None, **budget
             f"offrl dataset {name!r} (seed {request.seed}, {request.sac_steps:,} SAC steps, "
             f"{request.n_transitions:,} transitions) {what} under {root}; build it with {how}"
         )
-    ds = load_minari(dataset_id, data_path=root)
+    ds = load_built_files(dataset_id, root, name, request.rebuild_hint())
     ds.metadata.update({
         "name": target.name,
         "source": f"offrl:{target.name}",
