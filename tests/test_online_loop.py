@@ -77,6 +77,18 @@ def test_fit_online_is_repeatable_and_resumes_exactly(pendulum_data, tmp_path):
     assert (tmp_path / "train.csv").exists() and (tmp_path / "online_checkpoint.pt").exists()
 
 
+def test_a_damaged_online_checkpoint_is_named(pendulum_data, tmp_path):
+    algo = IQL(**SMALL, random_state=1).fit(pendulum_data, n_steps=5, progress=False)
+    algo.fit_online("Pendulum-v1", 200, log_dir=tmp_path, checkpoint_every=200, progress=False)
+    path = tmp_path / "online_checkpoint.pt"
+    payload = torch.load(path, weights_only=True)
+    del payload["online_checkpoint"]["replay_buffer"]
+    torch.save(payload, path)
+    with pytest.raises(ValueError, match="replay_buffer"):
+        IQL(**SMALL, random_state=1).fit(pendulum_data, n_steps=5, progress=False).fit_online(
+            "Pendulum-v1", 400, log_dir=tmp_path, checkpoint_every=200, resume=True, progress=False)
+
+
 def test_calql_online_adds_whole_episodes_with_monte_carlo_returns(pendulum_data):
     algo = CalQL(**SMALL, random_state=0).fit(pendulum_data, n_steps=5, progress=False)
     algo.fit_online("Pendulum-v1", 300, progress=False)

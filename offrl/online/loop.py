@@ -205,7 +205,8 @@ def run_online(
     extra_names = list(agent._online_extra_names())
     resumed = resume and checkpoint is not None and checkpoint.exists()
     if resumed:
-        state = read_checkpoint(checkpoint, agent, generator, key="online_checkpoint")
+        state = read_checkpoint(checkpoint, agent, generator, key="online_checkpoint",
+                                required=("replay_buffer", "episode_returns", "at_episode_boundary"))
         setattr(agent, names.history, list(state["history"]))
         agent.replay_buffer_ = ReplayBuffer.from_state_dict(state["replay_buffer"], device)
         setattr(agent, names.returns, list(map(float, state["episode_returns"])))
