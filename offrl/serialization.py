@@ -384,6 +384,8 @@ def restore_state(estimator: Any, entry: Mapping[str, Any], source: str, where: 
     for name, value in state.items():
         if not isinstance(value, Mapping):
             raise _damaged(source, where, f"state[{name!r}] is {_a(value)}, not a state dict", fix)
+    if hasattr(estimator, "upgrade_state"):  # names written by older offrl versions
+        state = estimator.upgrade_state(state)
     try:
         estimator._restore(spec, state, attributes)
     except _RESTORE_ERRORS as err:

@@ -193,6 +193,26 @@ def test_format_1_files_still_load(data, tmp_path):
         offrl.load(payload_with(tmp_path, "v3.pt", v1))
 
 
+def test_files_with_state_names_of_older_versions_load(data, tmp_path):
+    """SAC and CQL model files written before issue 10 named the temperatures log_alpha / log_alpha_(prime_)."""
+    from offrl.algos import CQL, SAC
+
+    sac = SAC(hidden_dims=(16,), random_state=0)
+    sac._build_all(sac.spec_from_env(__import__("gymnasium").make("Pendulum-v1")))
+    cql = CQL(**SMALL, random_state=0).fit(data, n_steps=3, progress=False)
+    renames = {SAC: lambda st: {**st, "temperature_": {"log_alpha": st["temperature_"]["log_value"]}},
+               CQL: lambda st: {("log_alpha_" if k == "temperature_" else "log_alpha_prime_" if k == "alpha_prime_"
+                                 else k): v for k, v in st.items()}}
+    for algo in (sac, cql):
+        state = {name: obj.state_dict() for name, obj in algo._state_objects().items()}
+        old = {"format": "offrl-model", "format_version": 1, "offrl_version": "0.1.0",
+               "class": f"{type(algo).__module__}:{type(algo).__qualname__}",
+               "params": _json(algo.get_params(deep=False)), "spec": _json(algo.spec_),
+               "attributes": _json(algo._fitted_attributes()), "state": renames[type(algo)](state)}
+        loaded = offrl.load(payload_with(tmp_path, f"{type(algo).__name__}.pt", old))
+        assert float(loaded.temperature_().detach()) == float(algo.temperature_().detach())
+
+
 def test_nothing_half_written_on_a_failed_save(fitted_pipe, tmp_path, monkeypatch):
     target = tmp_path / "model.pt"
     target.write_bytes(b"previous model")

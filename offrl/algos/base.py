@@ -133,9 +133,23 @@ class BaseEstimator(sklearn.base.BaseEstimator):
         "device": device_name(), "random_state": seed(),
     }
 
+    # State names of model files written by older offrl versions: {old module name: new}, and
+    # {(module name, old tensor name): new tensor name}.  Applied when a file is loaded.
+    _legacy_modules: dict[str, str] = {}
+    _legacy_tensors: dict[tuple[str, str], str] = {}
+
     def check_params(self) -> None:
         """Raise `InvalidParameterError` naming the first hyper-parameter of the wrong type or out of range."""
         check_params(self)
+
+    @classmethod
+    def upgrade_state(cls, state: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+        """`state` (module name -> state dict) with the names older offrl versions saved renamed to today's."""
+        upgraded: dict[str, dict[str, Any]] = {}
+        for module, tensors in state.items():
+            module = cls._legacy_modules.get(module, module)
+            upgraded[module] = {cls._legacy_tensors.get((module, key), key): value for key, value in tensors.items()}
+        return upgraded
 
     # ------------------------------------------------------------------ hooks
     def _build(self, spec: dict[str, Any]) -> None:

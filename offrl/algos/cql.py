@@ -81,6 +81,8 @@ def calql_mc_returns(dataset: Dataset, rewards: np.ndarray, gamma: float, sparse
 class CQL(OfflineAlgorithm):
     """Conservative Q-learning (SAC-based, continuous actions); `lagrange=True` for the Lagrange variant."""
 
+    # before issue 10 the temperature and the Lagrange multiplier were saved as log_alpha_ / log_alpha_prime_
+    _legacy_modules = {"log_alpha_": "temperature_", "log_alpha_prime_": "alpha_prime_"}
     _param_rules = {
         "critic_hidden_dims": any_of(layer_sizes(), choice(None)),
         "cql_alpha": real(0, None), "n_action_samples": integer(1), "cql_temperature": real(0, None, closed="neither"),

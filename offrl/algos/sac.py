@@ -63,6 +63,8 @@ class SAC(BaseEstimator):
         losses; acting and log-probabilities stay fp32).
     """
 
+    # model files written before the shared LearnedScale (issue 10) call the temperature parameter log_alpha
+    _legacy_tensors = {("temperature_", "log_alpha"): "log_value"}
     _param_rules = {
         "actor_lr": real(0, None, closed="neither", none=True), "critic_lr": real(0, None, closed="neither", none=True),
         "alpha_lr": real(0, None, closed="neither", none=True), "init_alpha": real(0, None, closed="neither"),
