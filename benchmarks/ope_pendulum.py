@@ -37,6 +37,34 @@ def uniform_policy(low: float, high: float):
     )
 
 
+def built_dataset(name: str):
+    """The offrl dataset `name`, built first if needed, and the directory of the SAC run that made it."""
+    from offrl.builder import build as build_datasets
+    from offrl.datasets import load
+
+    build = build_datasets(name, progress=False)
+    return load(f"offrl:{name}"), Path(build.run_dir)
+
+
+def candidate_policies(dataset, run_dir: Path, snapshots, bc_steps, uniform: bool = True, seed: int = 0) -> dict:
+    """Candidate policies of spread quality: SAC snapshots of the build's run, BC on `dataset`, uniform random."""
+    import offrl
+    from offrl.algos import BC
+
+    policies = {}
+    for step in snapshots:
+        path = run_dir / "snapshots" / f"step_{step:09d}.pt"
+        if not path.exists():
+            raise SystemExit(f"no SAC snapshot at step {step} in {run_dir / 'snapshots'}")
+        policies[f"sac@{step}"] = offrl.load(path, device="cpu")
+    for steps in bc_steps:
+        policies[f"bc@{steps}"] = BC(n_steps=steps, device="cpu", random_state=seed).fit(dataset, progress=False)
+    if uniform:
+        low, high = float(dataset.action_low[0]), float(dataset.action_high[0])
+        policies["uniform"] = uniform_policy(low, high)
+    return policies
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dataset", default="pendulum-medium-replay-v1")
@@ -62,29 +90,12 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    import offrl
-    from offrl.algos import BC
-    from offrl.builder import build as build_datasets
-    from offrl.datasets import load
     from offrl.ope import benchmark
 
     start = time.perf_counter()
-    build = build_datasets(args.dataset, progress=False)
-    dataset = load(f"offrl:{args.dataset}")
-    run_dir = Path(build.run_dir)
+    dataset, run_dir = built_dataset(args.dataset)
     print(f"dataset {dataset} (built in {run_dir})", flush=True)
-
-    policies = {}
-    for step in args.snapshots:
-        path = run_dir / "snapshots" / f"step_{step:09d}.pt"
-        if not path.exists():
-            raise SystemExit(f"no SAC snapshot at step {step} in {run_dir / 'snapshots'}")
-        policies[f"sac@{step}"] = offrl.load(path, device="cpu")
-    for steps in args.bc_steps:
-        policies[f"bc@{steps}"] = BC(n_steps=steps, device="cpu", random_state=args.seed).fit(dataset, progress=False)
-    if not args.no_uniform:
-        low, high = float(dataset.action_low[0]), float(dataset.action_high[0])
-        policies["uniform"] = uniform_policy(low, high)
+    policies = candidate_policies(dataset, run_dir, args.snapshots, args.bc_steps, not args.no_uniform, args.seed)
 
     fqe_params = {"n_steps": args.fqe_steps, "n_critics": args.fqe_critics, "tau": args.fqe_tau, "lr": args.fqe_lr,
                   "hidden_dims": tuple(args.fqe_hidden), "device": "cpu", "random_state": args.seed}

@@ -169,3 +169,39 @@ def test_evaluate_warns_once_per_policy_on_unsupported_actions():
                           ds, ["IS", "WIS"], gamma=GAMMA, n_bootstrap=50)
     assert sum(issubclass(w.category, OPEWarning) for w in caught) == 1
     assert "warning" in report.to_frame().columns
+
+
+@pytest.mark.filterwarnings("ignore::offrl.ope.OPEWarning")
+def test_report_shows_the_behaviour_models_held_out_log_likelihood(tmp_path):
+    """An estimated pi_b: its held-out log-likelihood is in the results, the CSV, the text summary and the HTML."""
+    from offrl.ope import BehaviorPolicy
+
+    ds = _pendulum_dataset().without_behavior_log_probs()
+    rng = np.random.default_rng(0)
+    uniform = TargetPolicy("stochastic", log_prob=lambda o, a: np.full(len(o), -math.log(4.0)),
+                           sample=lambda o: rng.uniform(-2, 2, size=(len(o), 1)))
+    behavior = BehaviorPolicy(n_steps=200)
+    report = evaluate({"uniform": uniform, "zero": lambda o: np.zeros((len(o), 1))}, ds, ["WIS", "PDIS"],
+                      gamma=0.95, behavior=behavior, n_bootstrap=50)
+    heldout = behavior.heldout_log_likelihood_
+    assert heldout is not None and math.isfinite(heldout)
+    for per_policy in report.results.values():
+        for result in per_policy.values():
+            assert result.diagnostics["behavior_heldout_loglik"] == heldout
+            assert result.diagnostics["behavior_insample_loglik"] == behavior.insample_log_likelihood_
+    frame = report.to_frame()
+    assert (frame.behavior_heldout_loglik == heldout).all()
+    report.to_csv(tmp_path / "e.csv")
+    assert pd.read_csv(tmp_path / "e.csv").behavior_heldout_loglik.tolist() == pytest.approx([heldout] * len(frame))
+    shown = f"held-out log-likelihood {heldout:.4g} nats per transition"
+    assert shown in report.metadata["behaviour policy"]
+    text = str(report)
+    assert "behaviour policy: estimated (3-component tanh-Gaussian-mixture BC, 2-fold cross-fitted" in text
+    assert shown in text and f"in-sample {behavior.insample_log_likelihood_:.4g}" in text
+    report.to_html(tmp_path / "r.html")
+    page = (tmp_path / "r.html").read_text()
+    assert "<h2>Behaviour policy</h2>" in page and shown in page and "behavior_heldout_loglik" in page
+    # logged propensities: said so, and no log-likelihood columns
+    logged = evaluate({"uniform": uniform}, _pendulum_dataset(), ["WIS"], gamma=0.95, n_bootstrap=50)
+    assert "behavior_heldout_loglik" not in logged.to_frame().columns
+    assert str(logged).endswith("behaviour policy: logged")

@@ -9,7 +9,7 @@ from typing import Any, Mapping, Sequence
 import sklearn.base
 
 from offrl.datasets.core import Dataset
-from offrl.ope.behavior import behavior_log_probs, log_importance_ratios
+from offrl.ope.behavior import estimate_behavior, log_importance_ratios
 from offrl.ope.episodic import (
     DoublyRobust,
     ImportanceSampling,
@@ -96,9 +96,11 @@ def evaluate(
     `estimators`: names ("FQE", "IS", "PDIS", "WIS", "WPDIS", "DR", "WDR",
     "MB") or estimator instances (their `gamma` and `horizon` are set to this
     call's).  Default: all but MB.  The behaviour log-probabilities are
-    computed once (logged, or estimated, see `behavior_log_probs`); FQE is
-    fitted once per policy and shared by DR and WDR; the MB model is fitted
-    once.  `fqe_params` / `mb_params` go to FQE / ModelBased.
+    computed once (logged, or estimated, see `estimate_behavior`); an
+    estimated model's held-out log-likelihood goes into the IS/DR results'
+    diagnostics (`behavior_heldout_loglik`, nats per transition) and the
+    report.  FQE is fitted once per policy and shared by DR and WDR; the MB
+    model is fitted once.  `fqe_params` / `mb_params` go to FQE / ModelBased.
     """
     from offrl.datasets import load as load_dataset
 
@@ -131,7 +133,7 @@ def evaluate(
     needs_weights = any(isinstance(e, (_ISFamily, _DRFamily)) for e in ests)
     needs_fqe = any(isinstance(e, FQE) for e in ests) or any(
         isinstance(e, _DRFamily) and e.q_function is None for e in ests)
-    b_log_probs = behavior_log_probs(dataset, behavior) if needs_weights else None
+    b_log_probs = estimate_behavior(dataset, behavior) if needs_weights else None
     fqe_template = next((e for e in ests if isinstance(e, FQE)), None)
     if fqe_template is None:
         fqe_template = FQE(**{**{k_: v for k_, v in common.items() if k_ in FQE().get_params()}, **dict(fqe_params or {})})
@@ -160,6 +162,8 @@ def evaluate(
                 per_policy[name] = model.estimate(dataset, policy)
             else:
                 per_policy[name] = est.estimate(dataset, policy)
+            if isinstance(est, (_ISFamily, _DRFamily)) and ratios is not None:
+                per_policy[name].diagnostics.update(ratios.behavior_diagnostics)
         texts = [f"{name}: {r.diagnostics['warning']}" for name, r in per_policy.items() if "warning" in r.diagnostics]
         if texts:
             more = f" (and warnings from {len(texts) - 1} more estimators; see the report)" if len(texts) > 1 else ""
@@ -169,5 +173,5 @@ def evaluate(
                 "transitions": dataset.n_transitions, "gamma": gamma, "horizon": horizon or "as logged",
                 "interval": f"{interval} ({100 * (1 - alpha):g}%)"}
     if b_log_probs is not None:
-        metadata["behaviour policy"] = b_log_probs[1]
+        metadata["behaviour policy"] = b_log_probs.description
     return OPEReport(results, true_values=true_values, k=k, safety_threshold=safety_threshold, metadata=metadata)

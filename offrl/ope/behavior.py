@@ -12,8 +12,10 @@ with one of three kinds:
 
 The behaviour policy's log-probabilities come from the dataset's
 `behavior_log_probs` when it has them; otherwise `BehaviorPolicy` estimates
-them (a scikit-learn classifier for discrete actions, a Gaussian /
-Gaussian-mixture BC network for continuous ones) and results say so.
+them (a scikit-learn classifier for discrete actions, a mixture-density BC
+network for continuous ones, squashed into the action box by default),
+cross-fitted over episodes, and results say so with the model's held-out
+log-likelihood.
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ __all__ = [
     "TargetPolicy",
     "as_target_policy",
     "BehaviorPolicy",
+    "BehaviorEstimate",
+    "estimate_behavior",
+    "behavior_log_probs",
     "kernel_bandwidth",
     "StepLogRatios",
     "log_importance_ratios",
@@ -291,74 +296,244 @@ class _MixtureDensity(torch.nn.Module):
         return torch.logsumexp(torch.log_softmax(logits, -1) + comp, -1)
 
 
+_DENSITIES = ("auto", "tanh", "gaussian")
+
+
+class _OneClass:
+    """The classifier of a training set with one action: that action with probability 1."""
+
+    def __init__(self, label: int) -> None:
+        self.classes_ = np.array([label])
+
+    def predict_proba(self, obs: np.ndarray) -> np.ndarray:
+        return np.ones((len(obs), 1))
+
+
+@dataclass
+class _ContinuousModel:
+    """One fitted density network and the standardisation (and action box) around it."""
+
+    net: _MixtureDensity
+    o_mean: np.ndarray
+    o_std: np.ndarray
+    x_mean: np.ndarray
+    x_std: np.ndarray
+    low: np.ndarray | None = None  # set for the tanh density: the action box
+    high: np.ndarray | None = None
+
+
 class BehaviorPolicy(sklearn.base.BaseEstimator):
     """An estimate of the behaviour policy pi_b(a|s) from the logged data.
 
     Discrete actions: `classifier` (a scikit-learn classifier with
     `predict_proba`; default multinomial logistic regression).  Continuous
-    actions: a Gaussian (n_components=1) or Gaussian-mixture BC network
-    trained by maximum likelihood on standardised observations and actions.
-    With `n_folds` > 1 the log-probabilities of the logged actions are
-    cross-fitted (each fold scored by a model that did not see it).
+    actions: a mixture-density BC network (`n_components` Gaussians whose
+    weights, means and scales depend on the state) trained by maximum
+    likelihood on standardised observations.
+
+    `density` says where the mixture lives:
+
+    - ``"tanh"``: on x = atanh(u), u the action rescaled from the box
+      [action_low, action_high] to (-1, 1), with the change-of-variables
+      term, so the density of a is positive only inside the box and
+      integrates to 1 there.  Logged actions on (or, within the dataset's
+      1e-6 tolerance, past) the bound are clipped to u = +-(1 - `bound_eps`)
+      first: a density cannot hold a point mass at the bound, and such rows
+      get a large but finite density;
+    - ``"gaussian"``: on the standardised action itself (mass outside the
+      box is lost);
+    - ``"auto"`` (default): "tanh" when the dataset gives finite action
+      bounds, else "gaussian".
+
+    Cross-fitting (`n_folds` >= 2, default 2): the episodes are split into
+    `n_folds` folds at random, each run of `n_folds` consecutive episodes
+    sending one to each fold so that every fold gets the same mix of a log
+    whose behaviour changes over time (contiguous blocks of rows when there
+    are fewer episodes than folds); each fold's model is trained on the
+    other folds, and the logged rows are scored only by the model that did
+    not see them.
+    Scoring rows with the model trained on them overstates pi_b(a|s) and so
+    biases importance weights downwards.  `heldout_log_likelihood_` is then
+    the mean out-of-fold log pi_b(a|s) per transition (nats; per action
+    dimension in `heldout_log_likelihood_per_dim_`), the number to compare
+    behaviour models by; `insample_log_likelihood_` is the same on the
+    training rows.  New points (`log_prob`, `predict_proba`) are scored by
+    the average of the fold models' densities.  `n_folds=1` fits one model
+    on all rows and scores in-sample, with no held-out figure.
+
+    Fitted attributes: `models_` (one per fold), `folds_` (each logged
+    row's fold; `models_[k]` never saw fold k), `logged_log_probs_`,
+    `heldout_log_likelihood_` (None when n_folds=1),
+    `heldout_log_likelihood_per_dim_`, `insample_log_likelihood_`,
+    `density_` ("tanh" or "gaussian" as resolved; None for discrete actions).
+
+    For a log of several policies (a replay buffer, medium-expert) the model
+    is their state-conditional mixture: it does not know which policy logged
+    an episode, so its trajectory weights differ from those of the logged
+    per-episode propensities.
+
+    The model before this default was `density="gaussian", n_components=1,
+    n_folds=1`; it stays selectable by those parameters (and gives the same
+    numbers as before).
     """
 
     def __init__(
         self,
         *,
         classifier: Any = None,
-        n_components: int = 1,
+        density: str = "auto",
+        n_components: int = 3,
         hidden_dims: Sequence[int] = (64, 64),
         n_steps: int = 2000,
         batch_size: int = 256,
         lr: float = 1e-3,
-        n_folds: int = 1,
+        n_folds: int = 2,
+        bound_eps: float = 1e-6,
         random_state: Any = 0,
     ) -> None:
         self.classifier = classifier
+        self.density = density
         self.n_components = n_components
         self.hidden_dims = hidden_dims
         self.n_steps = n_steps
         self.batch_size = batch_size
         self.lr = lr
         self.n_folds = n_folds
+        self.bound_eps = bound_eps
         self.random_state = random_state
 
+    # ------------------------------------------------------------------ description
     @property
     def description(self) -> str:
+        """How pi_b was obtained, for results and reports ('estimated (...)')."""
+        folds = int(self.n_folds)
+        cross = f", {folds}-fold cross-fitted" if folds > 1 else ""
         if getattr(self, "discrete_", None) is not None:
             name = type(self.classifier).__name__ if self.classifier is not None else "LogisticRegression"
-            return f"estimated ({name} classifier)"
-        kind = "Gaussian" if self.n_components == 1 else f"{self.n_components}-component Gaussian-mixture"
-        return f"estimated ({kind} BC)"
+            return f"estimated ({name} classifier{cross}{self._heldout_text()})"
+        density = getattr(self, "density_", None) or self.density
+        k = int(self.n_components)
+        if density == "tanh":
+            kind = "tanh-Gaussian" if k == 1 else f"{k}-component tanh-Gaussian-mixture"
+        else:
+            kind = "Gaussian" if k == 1 else f"{k}-component Gaussian-mixture"
+        return f"estimated ({kind} BC{cross}{self._heldout_text()})"
+
+    def _heldout_text(self) -> str:
+        heldout = getattr(self, "heldout_log_likelihood_", None)
+        return "" if heldout is None else f"; held-out log-likelihood {heldout:.4g} nats per transition"
+
+    def fit_diagnostics(self) -> dict[str, Any]:
+        """The fit's figures for OPE results: held-out and in-sample log-likelihood (nats per transition)."""
+        self._check_fitted()
+        out: dict[str, Any] = {"behavior_n_folds": int(self.n_folds),
+                               "behavior_insample_loglik": self.insample_log_likelihood_}
+        if self.heldout_log_likelihood_ is not None:
+            out["behavior_heldout_loglik"] = self.heldout_log_likelihood_
+        return out
+
+    # ------------------------------------------------------------------ fitting
+    def _check_params(self, dataset: Dataset) -> str | None:
+        if not isinstance(dataset, Dataset):
+            raise TypeError(f"BehaviorPolicy.fit takes an offrl Dataset, got {type(dataset).__name__}")
+        if dataset.actions is None:
+            raise ValueError("the dataset has no actions; a behaviour policy cannot be estimated without them")
+        if int(self.n_folds) < 1:
+            raise ValueError(f"n_folds must be at least 1, got {self.n_folds}")
+        if int(self.n_components) < 1:
+            raise ValueError(f"n_components must be at least 1, got {self.n_components}")
+        if not 0.0 < float(self.bound_eps) < 0.5:
+            raise ValueError(f"bound_eps must lie in (0, 0.5), got {self.bound_eps}")
+        if self.density not in _DENSITIES:
+            raise ValueError(f"density must be one of {_DENSITIES}, got {self.density!r}")
+        if dataset.discrete_actions is not None:
+            return None
+        low, high = dataset.action_low, dataset.action_high
+        boxed = (low is not None and high is not None and bool(np.all(np.isfinite(low)) and np.all(np.isfinite(high)))
+                 and bool(np.all(high > low)))
+        if self.density == "tanh" and not boxed:
+            raise ValueError("density='tanh' needs finite action bounds with action_high > action_low; the dataset's "
+                             f"action_low / action_high are {low} / {high}. Pass the bounds when building the "
+                             "Dataset, or use density='gaussian'")
+        return "tanh" if self.density == "tanh" or (self.density == "auto" and boxed) else "gaussian"
+
+    def _folds(self, dataset: Dataset) -> np.ndarray:
+        """The fold of every transition: random episode folds, or row blocks when episodes are too few."""
+        n_folds = int(self.n_folds)
+        if dataset.n_episodes >= n_folds:
+            # Blocked randomisation: each run of n_folds consecutive episodes goes one to each fold, in random
+            # order, so logs whose behaviour drifts over time (a replay buffer, concatenated datasets) give
+            # every fold the same mix of behaviours.
+            rng = np.random.default_rng(self.random_state)
+            n_blocks = -(-dataset.n_episodes // n_folds)
+            fold_of_episode = np.concatenate([rng.permutation(n_folds) for _ in range(n_blocks)])[:dataset.n_episodes]
+            return np.repeat(fold_of_episode, dataset.episode_lengths())
+        if dataset.n_transitions < 2 * n_folds:
+            raise ValueError(f"the dataset has {dataset.n_transitions} transitions, too few for n_folds={n_folds}; "
+                             "pass n_folds=1")
+        return (np.arange(dataset.n_transitions) * n_folds) // dataset.n_transitions
 
     def fit(self, dataset: Dataset) -> "BehaviorPolicy":
+        """Fit the model(s); with n_folds >= 2 also score every logged row out of fold."""
+        self.density_ = self._check_params(dataset)
         self.discrete_ = dataset.discrete_actions
-        self.models_ = [self._fit_one(dataset.observations, dataset.actions)]
+        obs, actions = dataset.observations, dataset.actions
+        seed = int(np.random.default_rng(self.random_state).integers(2**31 - 1))
+        low, high = dataset.action_low, dataset.action_high
+        n_folds = int(self.n_folds)
+        logged = np.empty(dataset.n_transitions)
+        if n_folds == 1:
+            self.folds_ = np.zeros(dataset.n_transitions, np.int64)
+            self.models_ = [self._fit_one(obs, actions, seed, low, high)]
+            logged[:] = self._log_prob_with(self.models_[0], obs, actions)
+            self.insample_log_likelihood_ = float(logged.mean())
+            self.heldout_log_likelihood_ = None
+            self.heldout_log_likelihood_per_dim_ = None
+        else:
+            self.folds_ = fold = self._folds(dataset)
+            self.models_, insample = [], []
+            for k in range(n_folds):
+                train, test = fold != k, fold == k
+                model = self._fit_one(obs[train], actions[train], seed + k, low, high)
+                self.models_.append(model)
+                logged[test] = self._log_prob_with(model, obs[test], actions[test])
+                insample.append(self._log_prob_with(model, obs[train], actions[train]))
+            self.insample_log_likelihood_ = float(np.mean(np.concatenate(insample)))
+            self.heldout_log_likelihood_ = float(logged.mean())
+            self.heldout_log_likelihood_per_dim_ = self.heldout_log_likelihood_ / actions.shape[1]
+        self.logged_log_probs_ = logged
+        self.fingerprint_ = _fingerprint(dataset)
         return self
 
-    def _fit_one(self, obs: np.ndarray, actions: np.ndarray) -> Any:
+    def _fit_one(self, obs: np.ndarray, actions: np.ndarray, seed: int, low: np.ndarray | None,
+                 high: np.ndarray | None) -> Any:
         if self.discrete_ is not None:
             from sklearn.linear_model import LogisticRegression
             from sklearn.pipeline import make_pipeline
             from sklearn.preprocessing import StandardScaler
 
+            labels = actions[:, 0].astype(np.int64)
+            if len(np.unique(labels)) == 1:  # one action only (a small fold): classifiers refuse a single class
+                return (_OneClass(int(labels[0])), len(obs))
             base = self.classifier if self.classifier is not None else make_pipeline(
                 StandardScaler(), LogisticRegression(max_iter=1000))
             model = sklearn.base.clone(base)
-            model.fit(obs, actions[:, 0].astype(np.int64))
-            return model
+            model.fit(obs, labels)
+            return (model, len(obs))
         from offrl.algos.base import make_adam
 
-        seed = int(np.random.default_rng(self.random_state).integers(2**31 - 1))
-        torch.manual_seed(seed)
-        gen = torch.Generator().manual_seed(seed)
+        boxed = self.density_ == "tanh"
+        x = self._to_latent(actions, low, high) if boxed else np.asarray(actions)  # dtype kept: the old fit exactly
         o_mean, o_std = obs.mean(0), np.maximum(obs.std(0), 1e-3)
-        a_mean, a_std = actions.mean(0), np.maximum(actions.std(0), 1e-3)
-        net = _MixtureDensity(obs.shape[1], actions.shape[1], int(self.n_components), self.hidden_dims)
+        x_mean, x_std = x.mean(0), np.maximum(x.std(0), 1e-3)
+        with torch.random.fork_rng(devices=[]):  # the caller's global torch stream stays as it was
+            torch.manual_seed(seed)
+            gen = torch.Generator().manual_seed(seed)
+            net = _MixtureDensity(obs.shape[1], actions.shape[1], int(self.n_components), self.hidden_dims)
         # foreach: bit-identical on the CPU to torch's default (single-tensor) Adam, which this fit used.
         opt = make_adam(net.parameters(), self.lr, torch.device("cpu"), kernel="foreach")
         o = torch.as_tensor((obs - o_mean) / o_std, dtype=torch.float32)
-        a = torch.as_tensor((actions - a_mean) / a_std, dtype=torch.float32)
+        a = torch.as_tensor((x - x_mean) / x_std, dtype=torch.float32)
         for _ in range(int(self.n_steps)):
             idx = torch.randint(len(o), (int(self.batch_size),), generator=gen)
             loss = -net.log_prob(o[idx], a[idx]).mean()
@@ -366,86 +541,147 @@ class BehaviorPolicy(sklearn.base.BaseEstimator):
             loss.backward()
             opt.step()
         net.eval()
-        return (net, o_mean, o_std, a_mean, a_std)
+        return _ContinuousModel(net, o_mean, o_std, x_mean, x_std, low if boxed else None, high if boxed else None)
+
+    def _to_latent(self, actions: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
+        """x = atanh(u), u = the action rescaled to (-1, 1) and clipped to +-(1 - bound_eps)."""
+        u = self._to_unit(actions, low, high)
+        return np.arctanh(u)
+
+    def _to_unit(self, actions: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
+        low64, high64 = np.asarray(low, np.float64), np.asarray(high, np.float64)
+        u = 2.0 * (np.asarray(actions, np.float64) - low64) / (high64 - low64) - 1.0
+        edge = 1.0 - float(self.bound_eps)
+        return np.clip(u, -edge, edge)
 
     def _log_prob_with(self, model: Any, obs: np.ndarray, actions: np.ndarray) -> np.ndarray:
         actions = np.asarray(actions).reshape(len(obs), -1)
         if self.discrete_ is not None:
-            proba = model.predict_proba(obs)
-            full = np.zeros((len(obs), int(self.discrete_)))
-            full[:, np.asarray(model.classes_, dtype=np.int64)] = proba
-            with np.errstate(divide="ignore"):
-                return np.log(full[np.arange(len(obs)), actions[:, 0].astype(np.int64)])
-        net, o_mean, o_std, a_mean, a_std = model
+            return np.log(self._proba_with(model, obs)[np.arange(len(obs)), actions[:, 0].astype(np.int64)])
+        m: _ContinuousModel = model
+        if m.low is not None:
+            u = self._to_unit(actions, m.low, m.high)
+            x = np.arctanh(u)
+            # log |dx/da| = -log(1 - u^2) + log(2 / (high - low)), per dimension
+            log_jac = (-np.log1p(-u) - np.log1p(u) + np.log(2.0 / (np.asarray(m.high, np.float64)
+                                                                 - np.asarray(m.low, np.float64)))).sum(1)
+        else:
+            x, log_jac = actions, 0.0
         with torch.no_grad():
-            o = torch.as_tensor((obs - o_mean) / o_std, dtype=torch.float32)
-            a = torch.as_tensor((actions - a_mean) / a_std, dtype=torch.float32)
-            lp = torch.cat([net.log_prob(o[i:i + _CHUNK], a[i:i + _CHUNK]) for i in range(0, len(o), _CHUNK)])
-        return lp.double().numpy() - np.log(a_std).sum()
+            o = torch.as_tensor((obs - m.o_mean) / m.o_std, dtype=torch.float32)
+            a = torch.as_tensor((x - m.x_mean) / m.x_std, dtype=torch.float32)
+            lp = torch.cat([m.net.log_prob(o[i:i + _CHUNK], a[i:i + _CHUNK]) for i in range(0, len(o), _CHUNK)])
+        return lp.double().numpy() - np.log(m.x_std).sum() + log_jac
 
-    def log_prob(self, observations: Any, actions: Any) -> np.ndarray:
-        """log pi_b(a|s) of the given actions (env units)."""
+    def _proba_with(self, model: Any, obs: np.ndarray) -> np.ndarray:
+        """(n, n_actions) probabilities; actions the fold's training rows never took get 1 / (n_train + 1)."""
+        clf, n_train = model
+        full = np.zeros((len(obs), int(self.discrete_)))
+        full[:, np.asarray(clf.classes_, dtype=np.int64)] = clf.predict_proba(obs)
+        absent = np.ones(int(self.discrete_), bool)
+        absent[np.asarray(clf.classes_, dtype=np.int64)] = False
+        if absent.any():  # a fold that never saw an action must not call it impossible
+            full[:, absent] = 1.0 / (n_train + 1)
+            full /= full.sum(1, keepdims=True)
+        return full
+
+    # ------------------------------------------------------------------ queries
+    def _check_fitted(self) -> None:
         if not hasattr(self, "models_"):
             from sklearn.exceptions import NotFittedError
 
             raise NotFittedError("This BehaviorPolicy is not fitted yet; call fit(dataset) first")
+
+    def log_prob(self, observations: Any, actions: Any) -> np.ndarray:
+        """log pi_b(a|s) of the given actions (env units); the fold models' densities are averaged."""
+        self._check_fitted()
         obs = np.asarray(observations, np.float32)
-        return self._log_prob_with(self.models_[0], obs, actions)
+        if self.discrete_ is not None:
+            a = np.asarray(actions).reshape(len(obs), -1)[:, 0].astype(np.int64)
+            with np.errstate(divide="ignore"):
+                return np.log(self.predict_proba(obs)[np.arange(len(obs)), a])
+        per_model = np.stack([self._log_prob_with(m, obs, actions) for m in self.models_])
+        if len(per_model) == 1:
+            return per_model[0]
+        from scipy.special import logsumexp
+
+        return logsumexp(per_model, axis=0) - math.log(len(per_model))
 
     def predict_proba(self, observations: Any) -> np.ndarray:
-        if getattr(self, "discrete_", None) is None:
+        """(n, n_actions) pi_b(.|s) for discrete action spaces (the fold models' average)."""
+        self._check_fitted()
+        if self.discrete_ is None:
             raise TypeError("predict_proba is for discrete action spaces")
         obs = np.asarray(observations, np.float32)
-        model = self.models_[0]
-        full = np.zeros((len(obs), int(self.discrete_)))
-        full[:, np.asarray(model.classes_, dtype=np.int64)] = model.predict_proba(obs)
-        return full
+        return np.mean([self._proba_with(m, obs) for m in self.models_], axis=0)
 
     def logged_log_probs(self, dataset: Dataset) -> np.ndarray:
-        """log pi_b(a_i|s_i) for every logged transition (cross-fitted over episodes when n_folds > 1)."""
-        if int(self.n_folds) <= 1:
-            if not hasattr(self, "models_"):
-                self.fit(dataset)
-            return self.log_prob(dataset.observations, dataset.actions)
-        self.discrete_ = dataset.discrete_actions
-        rng = np.random.default_rng(self.random_state)
-        fold_of_episode = rng.permutation(dataset.n_episodes) % int(self.n_folds)
-        fold = np.repeat(fold_of_episode, dataset.episode_lengths())
-        out = np.empty(dataset.n_transitions)
-        for k in range(int(self.n_folds)):
-            train, test = fold != k, fold == k
-            model = self._fit_one(dataset.observations[train], dataset.actions[train])
-            out[test] = self._log_prob_with(model, dataset.observations[test], dataset.actions[test])
-        self.models_ = [self._fit_one(dataset.observations, dataset.actions)]
-        return out
+        """log pi_b(a_i|s_i) for every logged transition of `dataset`.
+
+        Not fitted yet: fits on `dataset` first.  Fitted on this dataset: the
+        cross-fitted (out-of-fold) values, or in-sample ones when n_folds=1.
+        Fitted on other data: `log_prob` (every row is then held out).
+        """
+        if not hasattr(self, "models_"):
+            self.fit(dataset)
+        if getattr(self, "fingerprint_", None) == _fingerprint(dataset):
+            return self.logged_log_probs_.copy()
+        return self.log_prob(dataset.observations, dataset.actions)
 
 
-def behavior_log_probs(dataset: Dataset, behavior: Any = None) -> tuple[np.ndarray, str]:
-    """log pi_b(a_i|s_i) for the logged transitions and how they were obtained.
+def _fingerprint(dataset: Dataset) -> tuple[int, int, str]:
+    """Identifies the data a model was fitted on (sizes and a digest of observations and actions)."""
+    import hashlib
+
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(np.ascontiguousarray(dataset.observations).view(np.uint8))
+    digest.update(np.ascontiguousarray(dataset.actions).view(np.uint8))
+    digest.update(np.asarray(dataset.episode_starts, np.int64).view(np.uint8))
+    return (dataset.n_transitions, dataset.n_episodes, digest.hexdigest())
+
+
+@dataclass
+class BehaviorEstimate:
+    """log pi_b(a_i|s_i) of the logged transitions, how they were obtained, and the model's fit figures."""
+
+    log_probs: np.ndarray
+    description: str
+    diagnostics: dict[str, Any] = field(default_factory=dict)
+
+
+def estimate_behavior(dataset: Dataset, behavior: Any = None) -> BehaviorEstimate:
+    """log pi_b(a_i|s_i) for the logged transitions, with how they were obtained and (for a model) its fit.
 
     `behavior`: None (the dataset's `behavior_log_probs`, else a default
     `BehaviorPolicy` is fitted), an array of per-transition log-probabilities,
     a `BehaviorPolicy` (fitted or not), or any target-policy-like object
-    (e.g. the known data-collection policy).
+    (e.g. the known data-collection policy).  For a `BehaviorPolicy`,
+    `diagnostics` holds `fit_diagnostics()` (held-out log-likelihood).
     """
     if behavior is None:
         if dataset.behavior_log_probs is not None:
-            return dataset.behavior_log_probs.astype(np.float64), "logged"
+            return BehaviorEstimate(dataset.behavior_log_probs.astype(np.float64), "logged")
         behavior = BehaviorPolicy()
     if isinstance(behavior, BehaviorPolicy):
         log_probs = behavior.logged_log_probs(dataset)
-        return log_probs, behavior.description
+        return BehaviorEstimate(log_probs, behavior.description, behavior.fit_diagnostics())
     if isinstance(behavior, np.ndarray) or isinstance(behavior, (list, tuple)):
         lp = np.asarray(behavior, np.float64).reshape(-1)
         if len(lp) != dataset.n_transitions:
             raise ValueError(
                 f"behavior log-probabilities have {len(lp)} rows but the dataset has {dataset.n_transitions} transitions"
             )
-        return lp, "given"
+        return BehaviorEstimate(lp, "given")
     policy = as_target_policy(behavior, dataset)
     if policy.kind == "deterministic":
         raise ValueError("the behaviour policy must be stochastic (a deterministic logger gives no overlap for IS)")
-    return policy.log_prob(dataset.observations, dataset.actions), "given policy"
+    return BehaviorEstimate(policy.log_prob(dataset.observations, dataset.actions), "given policy")
+
+
+def behavior_log_probs(dataset: Dataset, behavior: Any = None) -> tuple[np.ndarray, str]:
+    """log pi_b(a_i|s_i) for the logged transitions and how they were obtained (see `estimate_behavior`)."""
+    out = estimate_behavior(dataset, behavior)
+    return out.log_probs, out.description
 
 
 def _check_behavior(log_b: np.ndarray) -> None:
@@ -470,6 +706,7 @@ class StepLogRatios:
     bandwidth: np.ndarray | None = None
     unsupported_mass: float = 0.0
     warnings: list[str] = field(default_factory=list)
+    behavior_diagnostics: dict[str, Any] = field(default_factory=dict)
 
 
 def log_importance_ratios(
@@ -477,15 +714,20 @@ def log_importance_ratios(
     policy: Any,
     behavior: Any = None,
     bandwidth: Any = "scott",
-    behavior_log_probs_: tuple[np.ndarray, str] | None = None,
+    behavior_log_probs_: BehaviorEstimate | tuple[np.ndarray, str] | None = None,
 ) -> StepLogRatios:
     """log(pi_e / pi_b) for every logged transition, with the support check.
 
     Deterministic continuous targets use the Gaussian kernel
     K_h(a - pi(s)) / h^d in place of pi_e(a|s) (bandwidth by `kernel_bandwidth`).
+    `behavior_log_probs_`: pi_b already worked out (`estimate_behavior`, or a
+    (log_probs, description) pair), so that several policies share one fit.
     """
     target = as_target_policy(policy, dataset)
-    log_b, description = behavior_log_probs_ if behavior_log_probs_ is not None else behavior_log_probs(dataset, behavior)
+    known = behavior_log_probs_ if behavior_log_probs_ is not None else estimate_behavior(dataset, behavior)
+    if not isinstance(known, BehaviorEstimate):
+        known = BehaviorEstimate(*known)
+    log_b, description = known.log_probs, known.description
     _check_behavior(log_b)
     obs, actions = dataset.observations, dataset.actions
     notes: list[str] = []
@@ -528,7 +770,7 @@ def log_importance_ratios(
             )
     log_ratio = np.where(np.isneginf(log_e), -np.inf, log_e - log_b)
     return StepLogRatios(log_ratio=log_ratio, behavior=description, target_kind=target.kind, bandwidth=h,
-                         unsupported_mass=unsupported, warnings=notes)
+                         unsupported_mass=unsupported, warnings=notes, behavior_diagnostics=dict(known.diagnostics))
 
 
 def weight_diagnostics(weights: np.ndarray, notes: Sequence[str] = (), name: str = "importance weights",

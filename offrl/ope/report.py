@@ -18,7 +18,8 @@ from offrl.ope.results import OPEResult
 __all__ = ["OPEReport"]
 
 _FRAME_DIAGNOSTICS = ("interval", "alpha", "n", "ess", "ess_fraction", "max_weight", "ensemble_std", "behavior_policy",
-                      "target_policy", "kernel_bandwidth", "unsupported_mass", "warning")
+                      "behavior_heldout_loglik", "behavior_insample_loglik", "target_policy", "kernel_bandwidth",
+                      "unsupported_mass", "warning")
 
 
 class OPEReport:
@@ -139,7 +140,28 @@ class OPEReport:
     def __str__(self) -> str:
         frame = self.to_frame()
         cols = [c for c in ("policy", "estimator", "value", "std_error", "ci_low", "ci_high", "true_value") if c in frame]
-        return frame[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}")
+        text = frame[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}")
+        behaviour = self._behaviour_summary()
+        return text + ("\n" + behaviour if behaviour else "")
+
+    def _behaviour_summary(self) -> str:
+        """How pi_b was obtained and, for an estimated model, its held-out log-likelihood (one line; '' if unknown)."""
+        description = self.metadata.get("behaviour policy")
+        heldout = insample = None
+        for per_policy in self.results.values():
+            for result in per_policy.values():
+                description = description or result.diagnostics.get("behavior_policy")
+                if heldout is None and result.diagnostics.get("behavior_heldout_loglik") is not None:
+                    heldout = float(result.diagnostics["behavior_heldout_loglik"])
+                    insample = result.diagnostics.get("behavior_insample_loglik")
+        if description is None:
+            return ""
+        line = f"behaviour policy: {description}"
+        if heldout is not None and "held-out" not in str(description):
+            line += f"; held-out log-likelihood {heldout:.4g} nats per transition"
+        if heldout is not None and insample is not None:
+            line += f" (in-sample {float(insample):.4g}: a large gap means the model over-fits)"
+        return line
 
     # ------------------------------------------------------------------ HTML
     def _figure_estimates(self) -> str:
@@ -224,6 +246,9 @@ class OPEReport:
         if self.true_values is not None:
             parts.append("<h2>Selection metrics (against true values)</h2>")
             parts.append(self.metrics().to_html(float_format=lambda v: f"{v:.4g}", escape=True))
+        behaviour = self._behaviour_summary()
+        if behaviour:
+            parts.append(f"<h2>Behaviour policy</h2><p>{html.escape(behaviour)}</p>")
         parts.append("<h2>Estimates</h2>")
         shown = [c for c in frame.columns if c != "warning"]
         parts.append(frame[shown].to_html(index=False, float_format=lambda v: f"{v:.4g}", escape=True))
