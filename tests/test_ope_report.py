@@ -205,3 +205,19 @@ def test_report_shows_the_behaviour_models_held_out_log_likelihood(tmp_path):
     logged = evaluate({"uniform": uniform}, _pendulum_dataset(), ["WIS"], gamma=0.95, n_bootstrap=50)
     assert "behavior_heldout_loglik" not in logged.to_frame().columns
     assert str(logged).endswith("behaviour policy: logged")
+
+
+def test_evaluate_passes_weight_bound_and_knows_class_names():
+    mdp = TabularMDP.random(n_states=3, n_actions=2, terminal_prob=0.3, seed=1)
+    pi_b = np.array([[0.5, 0.5], [0.6, 0.4], [0.3, 0.7]])
+    ds = mdp.sample(pi_b, 100, seed=0)
+    target = tabular_policy(np.array([[0.9, 0.1], [0.2, 0.8], [0.5, 0.5]]))
+    common = dict(gamma=GAMMA, interval="hoeffding", reward_bound=(-1.0, 1.0))
+    given = evaluate({"p": target}, ds, estimators=["IS", "WeightedIS"], weight_bound=1e6, **common)
+    observed = evaluate({"p": target}, ds, estimators=["IS"], **common)
+    assert given.results["p"]["IS"].diagnostics["weight_bound_source"] == "given"
+    assert "WIS" in given.results["p"]
+    assert "observed" in observed.results["p"]["IS"].diagnostics["weight_bound_source"]
+    assert "weight_bound_source" in given.to_frame().columns
+    with pytest.raises(ValueError, match="unknown estimator"):
+        evaluate({"p": target}, ds, estimators=["NoSuchEstimator"], gamma=GAMMA)

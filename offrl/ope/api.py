@@ -41,10 +41,14 @@ DEFAULT_ESTIMATORS = ("FQE", "IS", "PDIS", "WIS", "WPDIS", "DR", "WDR")
 
 
 def make_estimator(name: str, **params: Any) -> Any:
-    """An episodic estimator by name (FQE, IS, PDIS, WIS, WPDIS, DR, WDR, MB), case-insensitive."""
-    key = {k.lower(): k for k in ESTIMATORS}.get(str(name).lower())
+    """An episodic estimator by short name (FQE, IS, PDIS, WIS, WPDIS, DR, WDR, MB) or class name
+    (e.g. "PerDecisionIS", "DoublyRobust"), case-insensitive."""
+    names = {k.lower(): k for k in ESTIMATORS}
+    names.update({cls.__name__.lower(): k for k, cls in ESTIMATORS.items()})
+    key = names.get(str(name).lower())
     if key is None:
-        raise ValueError(f"unknown estimator {name!r}; choose from {list(ESTIMATORS)}")
+        raise ValueError(f"unknown estimator {name!r}; choose from {list(ESTIMATORS)} (or their class names, "
+                         f"{[cls.__name__ for cls in ESTIMATORS.values()]})")
     cls = ESTIMATORS[key]
     valid = cls().get_params()
     return cls(**{k: v for k, v in params.items() if k in valid})
@@ -83,6 +87,7 @@ def evaluate(
     alpha: float = 0.05,
     n_bootstrap: int = 2000,
     reward_bound: tuple[float, float] | None = None,
+    weight_bound: float | None = None,
     bandwidth: Any = "scott",
     fqe_params: Mapping[str, Any] | None = None,
     mb_params: Mapping[str, Any] | None = None,
@@ -101,6 +106,9 @@ def evaluate(
     diagnostics (`behavior_heldout_loglik`, nats per transition) and the
     report.  FQE is fitted once per policy and shared by DR and WDR; the MB
     model is fitted once.  `fqe_params` / `mb_params` go to FQE / ModelBased.
+    `reward_bound` and `weight_bound` are guaranteed ranges of the rewards
+    and importance weights for the "hoeffding" / "bernstein" intervals
+    (without them the observed ranges are used, and the results say so).
     """
     from offrl.datasets import load as load_dataset
 
@@ -115,7 +123,7 @@ def evaluate(
         raise ValueError(f"interval must be one of {INTERVALS}, got {interval!r}")
     policies = resolve_policies(policies)
     common = dict(gamma=gamma, horizon=horizon, interval=interval, alpha=alpha, n_bootstrap=n_bootstrap,
-                  reward_bound=reward_bound, random_state=random_state, bandwidth=bandwidth)
+                  reward_bound=reward_bound, weight_bound=weight_bound, random_state=random_state, bandwidth=bandwidth)
     ests: list[Any] = []
     for spec in (DEFAULT_ESTIMATORS if estimators is None else estimators):
         if isinstance(spec, str):

@@ -202,6 +202,7 @@ class _EpisodicEstimator(sklearn.base.BaseEstimator):
         log_mean = float(logsumexp(final) - math.log(len(final)))
         diag["mean_weight"] = float(np.exp(min(log_mean, _MAX_LOG_WEIGHT)))
         diag["behavior_policy"] = ratios.behavior
+        diag.update(ratios.behavior_diagnostics)  # an estimated model's held-out log-likelihood
         diag["target_policy"] = ratios.target_kind
         if ratios.bandwidth is not None:
             diag["kernel_bandwidth"] = float(np.mean(ratios.bandwidth))

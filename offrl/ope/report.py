@@ -17,7 +17,8 @@ from offrl.ope.results import OPEResult
 
 __all__ = ["OPEReport"]
 
-_FRAME_DIAGNOSTICS = ("interval", "alpha", "n", "ess", "ess_fraction", "max_weight", "ensemble_std", "behavior_policy",
+_FRAME_DIAGNOSTICS = ("interval", "alpha", "interval_guaranteed", "weight_bound_source", "n", "ess", "ess_fraction",
+                      "max_weight", "ensemble_std", "behavior_policy",
                       "behavior_heldout_loglik", "behavior_insample_loglik", "target_policy", "kernel_bandwidth",
                       "unsupported_mass", "warning")
 
