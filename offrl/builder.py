@@ -762,7 +762,14 @@ class _Builder:
             ds.metadata["cut_episodes"] = [] if ended else [ds.n_episodes - 1]
             return ds
         if kind == "medium-expert":
-            parts = [made[k] if k in made else self.load_kind(k) for k in ("medium", "expert")]
+            # medium and expert: made in this build, built before, or collected now (the same streams, so the same
+            # rows as building them on their own)
+            parts = []
+            for part in ("medium", "expert"):
+                if part not in made:
+                    built = read_metadata(self.data_dir, cfg.dataset_id(part)) is not None
+                    made[part] = self.load_kind(part) if built else self.make_dataset(part, state, made)
+                parts.append(made[part])
             cut = list(parts[0].metadata.get("cut_episodes", []))
             cut += [e + parts[0].n_episodes for e in parts[1].metadata.get("cut_episodes", [])]
             return Dataset.concatenate(parts, metadata={"cut_episodes": cut})

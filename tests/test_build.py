@@ -210,6 +210,21 @@ def test_medium_replay_comes_from_the_replay_buffer_the_builder_wrote(built, tmp
     assert rebuilt.metadata["cut_episodes"] == reference.metadata["cut_episodes"]
 
 
+def test_medium_expert_alone_collects_what_it_needs(built, tmp_path, monkeypatch):
+    """Building only medium-expert once failed when medium and expert had not been built ("not found")."""
+    import shutil
+
+    root, _, folder = _damaged_copy(built, tmp_path, monkeypatch)
+    for kind in ("medium", "expert", "medium-expert"):
+        shutil.rmtree(folder(kind))
+    report = build("pendulum-medium-expert-v1", progress=False, **TINY)
+    assert report.built == ["medium-expert"] and report.timings["SAC training"] < 0.5
+    rebuilt, reference = load_built("pendulum-medium-expert-v1", **LOAD), built["datasets"]["medium-expert"]
+    for column in ("observations", "actions", "rewards", "timeouts", "behavior_log_probs"):
+        assert np.array_equal(getattr(rebuilt, column), getattr(reference, column)), column
+    assert rebuilt.metadata["cut_episodes"] == reference.metadata["cut_episodes"]
+
+
 def _damaged_copy(built, tmp_path, monkeypatch):
     """A copy of the shared build to damage, its run directory, and a function giving a kind's dataset folder."""
     import shutil
