@@ -564,19 +564,11 @@ def _datasets_convert(args: argparse.Namespace) -> int:
     if args.env is not None:
         _env_problem(args.env, "--env", "pass the registered id of the env the data comes from")
     if args.to == "minari":
-        from minari.dataset.minari_dataset import parse_dataset_id
         from minari.storage.datasets_root_dir import get_dataset_path
 
-        from offrl.datasets.minari import check_minari_id
+        from offrl.datasets.minari import check_new_minari_id
 
-        check_minari_id(args.name)
-        try:
-            version = parse_dataset_id(args.name)[2]
-        except (ValueError, TypeError):
-            version = None
-        if version is None:
-            raise ValueError(f"Minari dataset id {args.name!r} must look like [namespace/]name-v<N>, e.g. "
-                             "offrl/pendulum-medium-v0")
+        check_new_minari_id(args.name)
         path = Path(get_dataset_path(args.name))
         if (path / "data").exists():
             raise ValueError(f"Minari dataset {args.name!r} already exists under {path}; give another name or version, "

@@ -182,6 +182,17 @@ def test_to_minari_refuses_ids_that_leave_the_data_path_before_touching_disk(tmp
 
 
 @pytest.mark.filterwarnings("ignore:env_spec is None:UserWarning")
+def test_to_minari_refuses_an_id_without_version_and_an_env_that_does_not_fit(tmp_path):
+    data = tmp_path / "data"
+    ds = Dataset.from_episodes(make_episodes((3, 2), log_probs=False), action_low=-1.0, action_high=1.0)  # 3-d obs
+    with pytest.raises(ValueError, match=r"must look like \[namespace/\]name-v<N>"):
+        to_minari(ds, "test/no-version", data_path=data)  # was: Minari's TypeError int() ... NoneType
+    with pytest.raises(ValueError, match="observation space .* does not fit the data's 3-d observations"):
+        to_minari(ds, "test/cartpole-v0", env="CartPole-v1", data_path=data)  # was: written without complaint
+    assert not (data / "test" / "cartpole-v0").exists()
+
+
+@pytest.mark.filterwarnings("ignore:env_spec is None:UserWarning")
 def test_load_minari_refuses_ids_that_leave_the_data_path(tmp_path):
     gym = pytest.importorskip("gymnasium")
     elsewhere = tmp_path / "elsewhere"

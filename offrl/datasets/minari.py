@@ -11,7 +11,7 @@ import numpy as np
 from offrl.datasets.core import Dataset
 from offrl.datasets.files import check_path_name
 
-__all__ = ["load_minari", "to_minari", "minari_datasets_path", "check_minari_id"]
+__all__ = ["load_minari", "to_minari", "minari_datasets_path", "check_minari_id", "check_new_minari_id"]
 
 _LOG_PROB_KEY = "action_log_probs"
 _NEXT_OBS_KEY = "next_observations"
@@ -46,6 +46,38 @@ def check_minari_id(dataset_id: object) -> str:
     for part in dataset_id.split("/"):
         check_path_name(part, f"Minari dataset id {dataset_id!r}: the part")
     return dataset_id
+
+
+def check_new_minari_id(dataset_id: object) -> str:
+    """`check_minari_id`, plus the `-v<N>` version Minari needs to create a dataset (else a ValueError)."""
+    check_minari_id(dataset_id)
+    from minari.dataset.minari_dataset import parse_dataset_id
+
+    try:
+        version = parse_dataset_id(dataset_id)[2]
+    except (ValueError, TypeError):
+        version = None
+    if version is None:
+        raise ValueError(f"Minari dataset id {dataset_id!r} must look like [namespace/]name-v<N>, e.g. "
+                         "offrl/pendulum-medium-v0")
+    return dataset_id
+
+
+def _check_spaces_fit(dataset: Dataset, observation_space: Any, action_space: Any, where: str) -> None:
+    """Refuse spaces that do not describe the data (Minari would store them next to it without complaint)."""
+    import gymnasium as gym
+
+    obs_shape = getattr(observation_space, "shape", None)
+    if obs_shape is not None and int(np.prod(obs_shape)) != dataset.observation_dim:
+        raise ValueError(f"{where}'s observation space {observation_space} does not fit the data's "
+                         f"{dataset.observation_dim}-d observations; pass the env the data comes from")
+    if isinstance(action_space, gym.spaces.Discrete) != (dataset.discrete_actions is not None) or (
+            isinstance(action_space, gym.spaces.Discrete) and int(action_space.n) != dataset.discrete_actions) or (
+            isinstance(action_space, gym.spaces.Box) and int(np.prod(action_space.shape)) != dataset.action_dim):
+        what = (f"{dataset.discrete_actions} discrete actions" if dataset.discrete_actions is not None
+                else f"{dataset.action_dim}-d actions")
+        raise ValueError(f"{where}'s action space {action_space} does not fit the data's {what}; "
+                         "pass the env the data comes from")
 
 
 def _space_bounds(space: Any) -> dict[str, Any]:
@@ -162,7 +194,7 @@ def to_minari(
     place for missing labels, so a dataset lacking any rewards or actions is
     refused (label it first).
     """
-    check_minari_id(dataset_id)  # before Minari creates any folder
+    check_new_minari_id(dataset_id)  # before Minari creates any folder
     import gymnasium as gym
     import minari
     from minari.data_collector import EpisodeBuffer
@@ -181,6 +213,13 @@ def to_minari(
                     low = dataset.action_low if dataset.action_low is not None else np.full(dataset.action_dim, -np.inf)
                     high = dataset.action_high if dataset.action_high is not None else np.full(dataset.action_dim, np.inf)
                     action_space = gym.spaces.Box(low.astype(np.float32), high.astype(np.float32), dtype=np.float32)
+    if env is not None:
+        made = gym.make(env) if isinstance(env, str) else env
+        try:
+            _check_spaces_fit(dataset, made.observation_space, made.action_space, f"env {getattr(made.spec, 'id', env)}")
+        finally:
+            if isinstance(env, str):
+                made.close()
     ref_min_score = dataset.metadata.get("ref_min_score") if ref_min_score is None else ref_min_score
     ref_max_score = dataset.metadata.get("ref_max_score") if ref_max_score is None else ref_max_score
     discrete = dataset.discrete_actions is not None
