@@ -158,43 +158,34 @@ def run_quickstart(
     print(table.to_string(index=False, float_format=lambda v: f"{v:.1f}"))
     print()
     print(_ope_summary(report))
-    if caught:
+    # evaluate's per-policy warnings repeat the diagnostics that the summary explains per estimator family
+    others = [m for m in dict.fromkeys(caught) if not m.startswith("policy '")]
+    if others:
         print()
-        print("OPE warnings (details in ope.html):")
-        for message in dict.fromkeys(caught):
+        print("Other OPE warnings:")
+        for message in others:
             print(f"  - {message}")
     print()
+    print(f"warnings grouped by estimator family, and plots: {paths['ope_html']}")
     print(f"finished in {time.time() - started:.0f} s; report: {paths['html']}")
     return paths
 
 
 def _ope_summary(report: Any) -> str:
-    metrics = report.metrics()
-    frame = report.to_frame()
-    lines = ["OPE (value estimates vs true discounted value):"]
-    pivot = frame.pivot(index="policy", columns="estimator", values="value")
-    if "true_value" in frame:
-        pivot.insert(0, "true value", frame.groupby("policy")["true_value"].first())
-    lines.append(pivot.to_string(float_format=lambda v: f"{v:.1f}"))
-    if metrics is not None and len(metrics):
-        if "estimator" not in metrics.columns:
-            metrics = metrics.rename_axis("estimator").reset_index()
-        cols = [c for c in ("estimator", "spearman", "regret@1", "relative_error") if c in metrics.columns]
-        lines.append("")
-        lines.append("Estimator quality across the policies:")
-        lines.append(metrics[cols].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-    return "\n".join(lines)
+    """The OPE part of the console summary: the summary in words, then one row per policy."""
+    return ("Off-policy evaluation (estimates from the logged data alone, against each policy's true value):\n"
+            + report.summary() + "\n\n" + report.to_table().to_string())
+
+
+def _ope_summary_html(report: Any) -> str:
+    """The OPE summary for the top of report.html (`write_report(..., extra_summary=...)`)."""
+    return "<h3>Off-policy evaluation of the trained policies</h3>" + report.summary_html()
 
 
 def _ope_section(report: Any) -> str:
-    frame = report.to_frame()
-    metrics = report.metrics()
-    parts = ["<h2>Off-policy evaluation of the trained policies</h2>",
-             "<p>Estimates from the logged data alone, next to each policy's true discounted value from on-policy "
-             "roll-outs (the full OPE report with plots is in <code>ope.html</code>).</p>",
-             frame.to_html(index=False, float_format=lambda v: f"{v:.3f}", escape=True)]
-    if metrics is not None and len(metrics):
-        parts += ["<h3>Estimator quality across the policies</h3>",
-                  metrics.to_html(index=False, float_format=lambda v: f"{v:.3f}", escape=True)]
-    parts.append(f"<p>{html.escape(str(report.metadata.get('true values', '')))}</p>")
-    return "".join(parts)
+    """The OPE section of report.html: one row per policy, which estimators to trust and why, warnings grouped."""
+    truth = html.escape(str(report.metadata.get("true values", "on-policy roll-outs")))
+    return ("<h2>Off-policy evaluation of the trained policies</h2>"
+            f"<p>Each policy's value estimated from the logged data alone, next to its true discounted value from "
+            f"{truth}. The full report, with plots, is <code>ope.html</code>.</p>"
+            + report.section_html(level=3))

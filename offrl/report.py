@@ -13,18 +13,23 @@ from typing import Any
 
 import numpy as np
 
+from offrl import _html
 from offrl.datasets.core import atomic_write_path
 
 __all__ = ["results_frame", "score_table", "iqm", "stratified_bootstrap_iqm", "write_report", "figure_to_html"]
 
 
 def _run_dirs(out_dir: Path) -> list[Path]:
+    """The run directories under `out_dir/runs` and those sweep.json lists, each once (by resolved path)."""
     sweep = out_dir / "sweep.json"
-    dirs = set(p.parent for p in out_dir.glob("runs/**/config.json"))
+    dirs = [p.parent for p in out_dir.glob("runs/**/config.json")]
     if sweep.exists():
         with open(sweep) as f:
-            dirs.update(Path(d) for d in json.load(f).get("runs", []))
-    return sorted(dirs)
+            dirs += [Path(d) for d in json.load(f).get("runs", [])]
+    unique: dict[Path, Path] = {}
+    for d in dirs:
+        unique.setdefault(d.resolve(), d)
+    return sorted(unique.values())
 
 
 def results_frame(out_dir: str | os.PathLike) -> Any:
@@ -50,6 +55,8 @@ def results_frame(out_dir: str | os.PathLike) -> Any:
         else:
             continue
         row = {k: v for k, v in result.items() if k not in ("history", "ope", "params", "hash")}
+        if not Path(str(row.get("dir", ""))).is_dir():  # written from another working directory: where it is now
+            row["dir"] = str(run_dir)
         row["params"] = json.dumps(result.get("params", {}), sort_keys=True)
         for name, value in (result.get("ope") or {}).items():
             if isinstance(value, dict):
@@ -69,8 +76,17 @@ def results_frame(out_dir: str | os.PathLike) -> Any:
     return frame[ordered].sort_values(["dataset", "variant", "seed"]).reset_index(drop=True)
 
 
+def _mean_std(values: np.ndarray) -> str:
+    """'mean ± std' over seeds; the mean alone for one seed (a spread of one run is no spread)."""
+    values = np.asarray(values, float)
+    if len(values) < 2:
+        return f"{np.mean(values):.1f}"
+    return f"{np.mean(values):.1f} ± {np.std(values):.1f}"
+
+
 def score_table(results: Any, value: str = "score") -> Any:
-    """CORL-style table: mean ± std over seeds of the last and the best evaluation, per dataset x algorithm."""
+    """CORL-style table: mean ± std over seeds (the mean alone for one seed) of the last and the best
+    evaluation, per dataset x algorithm."""
     import pandas as pd
 
     ok = results[results["status"] == "ok"]
@@ -80,9 +96,8 @@ def score_table(results: Any, value: str = "score") -> Any:
     rows = []
     for (dataset, variant), group in ok.groupby(["dataset", "variant"], sort=True):
         final, best = group[f"final_{metric}"].to_numpy(float), group[f"best_{metric}"].to_numpy(float)
-        rows.append({"dataset": dataset, "algorithm": variant,
-                     "last": f"{np.mean(final):.1f} ± {np.std(final):.1f}",
-                     "best": f"{np.mean(best):.1f} ± {np.std(best):.1f}", "seeds": len(group)})
+        rows.append({"dataset": dataset, "algorithm": variant, "last": _mean_std(final), "best": _mean_std(best),
+                     "seeds": len(group)})
     table = pd.DataFrame(rows)
     last = table.pivot(index="dataset", columns="algorithm", values="last")
     best = table.pivot(index="dataset", columns="algorithm", values="best")
@@ -137,21 +152,177 @@ def figure_to_html(fig: Any, alt: str) -> str:
     return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{encoded}"/>'
 
 
+def _metric(ok: Any) -> tuple[str, str]:
+    """('score', 'normalised score') when the runs have normalised scores, else ('return', 'return')."""
+    if "final_score" in ok and ok["final_score"].notna().any():
+        return "score", "normalised score"
+    return "return", "return"
+
+
+def _seeds_text(ok: Any) -> str:
+    """'2 seeds (0 and 1)', '1 seed (0)', or '1 to 3 seeds' when the runs differ."""
+    counts = ok.groupby(["dataset", "variant"])["seed"].nunique()
+    if counts.empty:
+        return "no seeds"
+    low, high = int(counts.min()), int(counts.max())
+    if low != high:
+        return f"{low} to {high} seeds"
+    seeds = sorted(int(s) for s in ok["seed"].unique())
+    listed = _html.join_words([str(s) for s in seeds]) if len(seeds) <= 6 else f"{seeds[0]} to {seeds[-1]}"
+    return f"{low} seed{'s' if low != 1 else ''} ({listed})"
+
+
+def _cell_stats(group: Any, metric: str) -> dict[str, Any]:
+    final = group[f"final_{metric}"].to_numpy(float)
+    best = group[f"best_{metric}"].to_numpy(float)
+    return {"mean": float(np.mean(final)), "std": float(np.std(final)), "best": float(np.mean(best)),
+            "best_std": float(np.std(best)), "seeds": len(group)}
+
+
+def _with_spread(mean: float, std: float, seeds: int) -> str:
+    return f"{mean:.1f}" if seeds < 2 else f"{mean:.1f} ± {std:.1f}"
+
+
+def _summary(results: Any, iqm_frame: Any) -> list[str]:
+    """The sweep in sentences: what ran, which algorithm is best per dataset, against the data and BC."""
+    ok = results[results["status"] == "ok"]
+    n_failed = int((results["status"] == "failed").sum())
+    n_incomplete = int((results["status"] == "incomplete").sum())
+    variants = sorted(results["variant"].unique())
+    datasets = sorted(results["dataset"].unique())
+    trouble = ", ".join(t for t in (f"{n_failed} failed" if n_failed else "",
+                                    f"{n_incomplete} did not finish" if n_incomplete else "") if t)
+    lines = [f"{len(results)} training runs: {len(variants)} algorithm variant{'s' if len(variants) != 1 else ''} "
+             f"({_html.join_words(variants)}) on {len(datasets)} dataset{'s' if len(datasets) != 1 else ''}, "
+             f"{_seeds_text(ok) if len(ok) else 'no finished run'} each; "
+             + (f"{trouble} (listed below)." if trouble else "all finished.")]
+    if ok.empty:
+        return lines
+    metric, label = _metric(ok)
+    one_seed = int(ok.groupby(["dataset", "variant"])["seed"].nunique().max()) < 2
+    bc_variants = set(ok.loc[ok["algorithm"].astype(str).str.upper() == "BC", "variant"])
+    for dataset in datasets[:8]:
+        group = ok[ok["dataset"] == dataset]
+        if group.empty:
+            continue
+        stats = {v: _cell_stats(g, metric) for v, g in group.groupby("variant")}
+        ranked = sorted(stats, key=lambda v: -stats[v]["mean"])
+        best = ranked[0]
+        b = stats[best]
+        where = f"On {dataset}" if len(datasets) > 1 else "Here"
+        text = (f"{where}, {best} scores best by the last evaluation's {label}: "
+                f"{_with_spread(b['mean'], b['std'], b['seeds'])}"
+                + (f" (mean ± std over {b['seeds']} seeds)" if b["seeds"] > 1 else " (one seed)"))
+        compare = []
+        data = group.get("dataset_score" if metric == "score" else "dataset_return")
+        if data is not None and data.notna().any():
+            compare.append(f"{float(data.dropna().iloc[0]):.1f} for the data's own episodes")
+        bc = [v for v in ranked if v in bc_variants and v != best]
+        if bc:
+            c = stats[bc[0]]
+            compare.append(f"{_with_spread(c['mean'], c['std'], c['seeds'])} for BC"
+                           + (f" ({bc[0]})" if bc[0].upper() != "BC" else ""))
+        elif best in bc_variants and best.upper() != "BC":
+            text += " (a BC variant)"
+        if len(ranked) > 1 and ranked[1] not in bc:
+            s = stats[ranked[1]]
+            compare.append(f"{_with_spread(s['mean'], s['std'], s['seeds'])} for the runner-up, {ranked[1]}")
+        if compare:
+            text += ", against " + _html.join_words(compare)
+        text += "."
+        if len(ranked) > 1 and not one_seed:
+            s = stats[ranked[1]]
+            if b["mean"] - b["std"] > s["mean"] + s["std"]:
+                text += f" Its lead over {ranked[1]} is larger than the seed-to-seed spread."
+            else:
+                text += f" Its lead over {ranked[1]} is within the seed-to-seed spread: not a clear difference."
+        lines.append(text)
+    if len(datasets) > 8:
+        lines.append(f"(Per-dataset sentences for the first 8 of {len(datasets)} datasets; the table has them all.)")
+    if one_seed and len(ok) > 1:
+        lines.append("With one seed per algorithm each score is a single training run, so differences of a few points "
+                     "may be noise; run more seeds to tell.")
+    if iqm_frame is not None and len(iqm_frame) > 1 and len(datasets) > 1:
+        top = iqm_frame.sort_values("iqm", ascending=False).iloc[0]
+        lines.append(f"Across the {len(datasets)} datasets, {top['algorithm']} has the highest interquartile mean of "
+                     f"the final {label}s: {top['iqm']:.1f} [{top['ci_low']:.1f}, {top['ci_high']:.1f}] "
+                     f"(95% stratified bootstrap interval over {int(top['runs'])} runs).")
+    return lines
+
+
+def _score_table_html(results: Any) -> str:
+    """One row per dataset: the data's own score, then per algorithm the last evaluation (mean ± std over seeds,
+    the mean alone for one seed) with the best evaluation under it."""
+    ok = results[results["status"] == "ok"]
+    metric, label = _metric(ok)
+    variants = sorted(ok["variant"].unique())
+    counts = ok.groupby(["dataset", "variant"])["seed"].nunique()
+    uniform_seeds = counts.nunique() == 1
+    data_column = "dataset_score" if metric == "score" else "dataset_return"
+    has_data = data_column in ok and ok[data_column].notna().any()
+    header = ["dataset"] + (["data<span class='sub'>its own episodes</span>"] if has_data else [])
+    header += [_html.esc(v) for v in variants]
+    rows = []
+    for dataset, group in ok.groupby("dataset", sort=True):
+        row = [_html.esc(dataset)]
+        if has_data:
+            d = group[data_column].dropna()
+            row.append(_html.esc(f"{float(d.iloc[0]):.1f}") if len(d) else "")
+        stats = {v: _cell_stats(g, metric) for v, g in group.groupby("variant")}
+        top = max(stats, key=lambda v: stats[v]["mean"]) if stats else None
+        for v in variants:
+            if v not in stats:
+                row.append("<span class='dim'>no run</span>")
+                continue
+            c = stats[v]
+            last = _html.esc(_with_spread(c["mean"], c["std"], c["seeds"]))
+            if v == top and len(stats) > 1:
+                last = f"<b>{last}</b>"
+            sub = f"best {_with_spread(c['best'], c['best_std'], c['seeds'])}"
+            if not uniform_seeds:
+                sub += f", {c['seeds']} seed{'s' if c['seeds'] != 1 else ''}"
+            row.append(f"{last}<span class='sub'>{_html.esc(sub)}</span>")
+        rows.append(row)
+    seeds = _seeds_text(ok)
+    spread = ("mean ± std over " + seeds) if counts.max() > 1 else seeds + ", so no spread is shown"
+    caption = (f"{label.capitalize()} of each algorithm's policy at the last evaluation ({spread}); under it, the "
+               f"best evaluation during training. Bold: the highest per dataset."
+               + (" Data: the dataset's own episodes, scored the same way." if has_data else ""))
+    return _html.table(header, rows, caption=_html.esc(caption), numeric=[False] + [True] * (len(header) - 1))
+
+
+def _iqm_table_html(iqm_frame: Any) -> str:
+    metric = str(iqm_frame["metric"].iloc[0]).replace("final_", "final ")
+    rows = [[_html.esc(r.algorithm), _html.esc(_html.interval_text(r.iqm, r.ci_low, r.ci_high)),
+             _html.esc(str(int(r.runs))), _html.esc(str(int(r.datasets)))] for r in iqm_frame.itertuples()]
+    caption = (f"Interquartile mean (the mean of the middle 50%) of the {metric} over every run of an algorithm, "
+               f"as value [low, high]: a 95% interval from resampling runs within each dataset (rliable's stratified "
+               f"bootstrap).")
+    return _html.table(["algorithm", "IQM [95% interval]", "runs", "datasets"], rows, caption=_html.esc(caption),
+                       numeric=[False, True, True, True])
+
+
 def _learning_curves(out_dir: Path, results: Any) -> list[str]:
+    """One captioned figure per dataset: evaluation score against gradient steps, mean over seeds (± std band)."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
-    images = []
+    figures = []
     ok = results[results["status"] == "ok"]
-    for dataset, group in ok.groupby("dataset", sort=True):
-        fig, ax = plt.subplots(figsize=(6, 3.6))
+    for number, (dataset, group) in enumerate(ok.groupby("dataset", sort=True), start=1):
+        fig, ax = plt.subplots(figsize=(10, 4.6))
         plotted = False
-        for variant, runs in group.groupby("variant", sort=True):
+        key = None
+        seeds_seen = set()
+        for i, (variant, runs) in enumerate(group.groupby("variant", sort=True)):
             curves = []
             for run_dir in runs["dir"]:
-                with open(Path(run_dir) / "result.json") as f:
+                path = Path(run_dir) / "result.json"
+                if not path.exists():
+                    continue
+                with open(path) as f:
                     history = json.load(f).get("history", [])
                 if history:
                     curves.append(history)
@@ -162,58 +333,79 @@ def _learning_curves(out_dir: Path, results: Any) -> list[str]:
             steps = np.array([r["step"] for r in curves[0][:length]])
             values = np.array([[r[key] for r in c[:length]] for c in curves])
             mean, std = values.mean(0), values.std(0)
-            ax.plot(steps, mean, label=variant)
-            ax.fill_between(steps, mean - std, mean + std, alpha=0.2)
-            ax.set_ylabel("normalised score" if key.startswith("normalized") else "return")
+            seeds_seen.add(len(curves))
+            ax.plot(steps, mean, label=f"{variant} ({len(curves)} seed{'s' if len(curves) != 1 else ''})",
+                    color=f"C{i}", lw=2)
+            if len(curves) > 1:
+                ax.fill_between(steps, mean - std, mean + std, alpha=0.18, color=f"C{i}")
             plotted = True
         if plotted:
-            ax.set_title(dataset)
+            label = "normalised score" if key and key.startswith("normalized") else "return"
+            data_column = "dataset_score" if label == "normalised score" else "dataset_return"
+            if data_column in group and group[data_column].notna().any():
+                ax.axhline(float(group[data_column].dropna().iloc[0]), color="0.4", ls="--", lw=1.2,
+                           label="the data's own episodes")
+            ax.set_ylabel(label)
             ax.set_xlabel("gradient steps")
-            ax.legend(fontsize=8)
-            images.append(figure_to_html(fig, f"learning curves on {dataset}"))
-        plt.close(fig)
-    return images
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=10, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+            band = ("; shaded: ± one standard deviation over seeds" if max(seeds_seen) > 1
+                    else "; one seed each, so no band")
+            caption = (f"Figure {number}. {label.capitalize()} of the evaluation episodes during training on "
+                       f"{dataset}: the mean over seeds per algorithm{band}; dashed: the data's own episodes.")
+            figures.append(_html.figure(fig, f"learning curves on {dataset}", _html.esc(caption), dpi=100))
+        else:
+            plt.close(fig)
+    return figures
 
 
-_STYLE = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1100px}table{border-collapse:collapse;margin:1em 0}
-td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}th{background:#f3f3f3}h1,h2{font-weight:600}
-.failed{color:#b00}"""
+def write_report(out_dir: str | os.PathLike, title: str | None = None, extra_html: str = "",
+                 extra_summary: str = "") -> dict[str, Path]:
+    """Write results.csv, table.csv, iqm.csv and report.html into `out_dir`; return their paths.
 
-
-def write_report(out_dir: str | os.PathLike, title: str | None = None, extra_html: str = "") -> dict[str, Path]:
-    """Write results.csv, table.csv, iqm.csv and report.html into `out_dir`; return their paths."""
+    The page opens with a summary in words (what ran, which algorithm is best against the data and BC, the seed
+    count), then the score table, the IQM across datasets, captioned learning curves, `extra_html` (e.g. an OPE
+    section) and every run's numbers in a collapsed block.  `extra_summary` (HTML paragraphs) is added to the
+    summary box.  It fits a 1280-px-wide window without scrolling sideways.
+    """
     out_dir = Path(out_dir)
     results = results_frame(out_dir)
     paths = {"results": out_dir / "results.csv", "table": out_dir / "table.csv", "iqm": out_dir / "iqm.csv",
              "html": out_dir / "report.html"}
     with atomic_write_path(paths["results"]) as tmp:
         results.to_csv(tmp, index=False)
+    any_ok = len(results) > 0 and bool((results["status"] == "ok").any())
     table = score_table(results) if not results.empty else None
-    iqm_frame = aggregate_iqm(results) if not results.empty and (results["status"] == "ok").any() else None
+    iqm_frame = aggregate_iqm(results) if any_ok else None
     with atomic_write_path(paths["table"]) as tmp:
         (table if table is not None else results.head(0)).to_csv(tmp)
     with atomic_write_path(paths["iqm"]) as tmp:
         (iqm_frame if iqm_frame is not None else results.head(0)).to_csv(tmp, index=False)
-    parts = [f"<h1>{html.escape(title or out_dir.name)}</h1>",
-             f"<p>{len(results)} runs: {int((results['status'] == 'ok').sum()) if len(results) else 0} finished, "
-             f"{int((results['status'] == 'failed').sum()) if len(results) else 0} failed.</p>"]
-    if table is not None and not table.empty:
-        parts += ["<h2>Normalised score (mean ± std over seeds; last and best evaluation)</h2>", table.to_html(escape=True)]
-    if iqm_frame is not None and not iqm_frame.empty:
-        parts += ["<h2>Aggregate IQM across datasets (95% stratified bootstrap CI)</h2>",
-                  iqm_frame.to_html(index=False, float_format=lambda v: f"{v:.2f}")]
-    if len(results) and (results["status"] == "ok").any():
-        parts += ["<h2>Learning curves (mean ± std over seeds)</h2>"] + _learning_curves(out_dir, results)
+    name = title or out_dir.name
+    if results.empty:
+        summary = [f"No runs found under {out_dir}."]
+    else:
+        summary = _summary(results, iqm_frame)
+    parts = ["<section class='summary' id='summary'><h2>Summary</h2>"
+             + "".join(f"<p>{_html.esc(line)}</p>" for line in summary) + extra_summary + "</section>"]
+    if any_ok:
+        parts += ["<h2>Scores</h2>", _score_table_html(results)]
+        if iqm_frame is not None and not iqm_frame.empty and int(iqm_frame["datasets"].max()) > 1:
+            parts += ["<h2>Aggregate across datasets</h2>", _iqm_table_html(iqm_frame)]
+        parts += ["<h2>Learning curves</h2>"] + _learning_curves(out_dir, results)
     parts.append(extra_html)
     if len(results):
         failed = results[results["status"] != "ok"]
         if not failed.empty:
+            rows = [[_html.esc(r.dataset), _html.esc(r.variant), _html.esc(r.seed), _html.esc(r.status),
+                     _html.esc(getattr(r, "error", "") if isinstance(getattr(r, "error", ""), str) else "")]
+                    for r in failed.itertuples()]
             parts += ["<h2 class='failed'>Failed or incomplete runs</h2>",
-                      failed[["dataset", "variant", "seed", "status", "error"]].to_html(index=False, escape=True)]
-        parts += ["<h2>All runs</h2>", results.drop(columns=["dir"], errors="ignore").to_html(index=False, escape=True,
-                                                                                            float_format=lambda v: f"{v:.3f}")]
-    page = (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title or out_dir.name)}</title>"
-            f"<style>{_STYLE}</style></head><body>{''.join(parts)}</body></html>")
-    with atomic_write_path(paths["html"]) as tmp, open(tmp, "w") as f:
-        f.write(page)
+                      _html.table(["dataset", "algorithm", "seed", "status", "error"], rows, row_header=False,
+                                  caption="The traceback of a failed run is in its directory's error.txt.")]
+        raw = results.drop(columns=["dir"], errors="ignore")
+        parts.append(_html.details(f"All runs: one row per run ({len(results)}; the same as results.csv)",
+                                   _html.raw_table(raw)))
+    with atomic_write_path(paths["html"]) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        f.write(_html.page(name, parts))
     return paths

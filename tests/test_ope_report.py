@@ -67,7 +67,7 @@ def test_html_is_self_contained(tabular_report, tmp_path):
     report.to_html(tmp_path / "r.html")
     text = (tmp_path / "r.html").read_text()
     assert text.count("data:image/png;base64,") == 2  # estimates with intervals, estimated vs true
-    assert "spearman" in text and "<table" in text
+    assert "Spearman" in text and "<table" in text
     # nothing is fetched from the network: no external src/href at all
     assert not re.search(r"""(src|href)\s*=\s*['"]?(https?:)?//""", text)
     assert "<script" not in text
@@ -200,7 +200,7 @@ def test_report_shows_the_behaviour_models_held_out_log_likelihood(tmp_path):
     assert shown in text and f"in-sample {behavior.insample_log_likelihood_:.4g}" in text
     report.to_html(tmp_path / "r.html")
     page = (tmp_path / "r.html").read_text()
-    assert "<h2>Behaviour policy</h2>" in page and shown in page and "behavior_heldout_loglik" in page
+    assert "<b>behaviour policy</b>" in page and shown in page and "behavior_heldout_loglik" in page
     # logged propensities: said so, and no log-likelihood columns
     logged = evaluate({"uniform": uniform}, _pendulum_dataset(), ["WIS"], gamma=0.95, n_bootstrap=50)
     assert "behavior_heldout_loglik" not in logged.to_frame().columns

@@ -121,6 +121,10 @@ def test_report_writes_table_and_self_contained_html(tmp_path, pendulum_npz, cap
     page = (out / "report.html").read_text()
     assert "<table" in page and "data:image/png;base64," in page
     assert "http://" not in page and "https://" not in page
+    # made for reading: a summary first, the seed count, captioned curves, the raw runs collapsed
+    assert "</h1><section class='summary' id='summary'>" in page
+    assert "2 algorithm variants" in page and "2 seeds (0 and 1) each" in page
+    assert "<figcaption>Figure 1." in page and "<details><summary>All runs: one row per run (4;" in page
     results = (out / "results.csv").read_text().splitlines()
     assert len(results) == 1 + 4
 

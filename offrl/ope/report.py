@@ -2,23 +2,22 @@
 
 from __future__ import annotations
 
-import base64
-import html
-import io
 import math
 import os
+import re
 from typing import Any, Mapping
 
 import numpy as np
 
+from offrl import _html
 from offrl.datasets.core import atomic_write_path
 from offrl.ope.metrics import selection_metrics
 from offrl.ope.results import OPEResult
 
-__all__ = ["OPEReport"]
+__all__ = ["OPEReport", "estimator_family", "logged_value"]
 
 _FRAME_DIAGNOSTICS = ("interval", "alpha", "interval_guaranteed", "weight_bound_source", "n", "ess", "ess_fraction",
-                      "max_weight", "ensemble_std", "behavior_policy",
+                      "max_weight", "log_max_weight", "dm_value", "ensemble_std", "behavior_policy",
                       "behavior_heldout_loglik", "behavior_insample_loglik", "target_policy", "kernel_bandwidth",
                       "unsupported_mass", "warning")
 
@@ -139,9 +138,8 @@ class OPEReport:
         return f"OPEReport(policies={self.policies}, estimators={self.estimators}, true_values={self.true_values is not None})"
 
     def __str__(self) -> str:
-        frame = self.to_frame()
-        cols = [c for c in ("policy", "estimator", "value", "std_error", "ci_low", "ci_high", "true_value") if c in frame]
-        text = frame[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}")
+        """The summary in words, then one row per policy ("value [low, high]" per estimator), then pi_b."""
+        text = self.summary() + "\n\n" + self.to_table().to_string()
         behaviour = self._behaviour_summary()
         return text + ("\n" + behaviour if behaviour else "")
 
@@ -164,6 +162,326 @@ class OPEReport:
             line += f" (in-sample {float(insample):.4g}: a large gap means the model over-fits)"
         return line
 
+    # ------------------------------------------------------------------ reading aids
+    def to_table(self) -> Any:
+        """One row per policy, one column per estimator, each cell "value [low, high]" (text);
+        a "true value" column first when true values are known ("value ± std error" when known)."""
+        import pandas as pd
+
+        rows = {}
+        se = self._true_std_errors()
+        for policy, per_policy in self.results.items():
+            row: dict[str, str] = {}
+            if self.true_values is not None:
+                row["true value"] = _html.fmt(self.true_values[policy]) + (
+                    f" ± {_html.fmt(se[policy])}" if policy in se else "")
+            for estimator in self.estimators:
+                r = per_policy.get(estimator)
+                row[estimator] = "" if r is None else _html.interval_text(r.value, r.ci_low, r.ci_high)
+            rows[policy] = row
+        frame = pd.DataFrame.from_dict(rows, orient="index")
+        frame.index.name = "policy"
+        return frame
+
+    def assess_estimators(self) -> Any:
+        """How far to trust each estimator on this data: a DataFrame indexed by estimator with its `family`,
+        `verdict` ("trustworthy", "use with care" or "uninformative") and `reason` (plain sentences).
+
+        Read from the results' diagnostics (effective sample size of the importance weights, interval widths
+        against the spread between policies, FQE's ensemble spread, the behaviour model's over-fitting,
+        unsupported actions) and, with true values, from `metrics()` (rank correlation, regret, coverage).
+        """
+        import pandas as pd
+
+        rows = {}
+        for name, a in self._assessments().items():
+            rows[name] = {"family": _FAMILIES[a.family][0], "verdict": _VERDICTS[a.verdict],
+                          "reason": "; ".join(a.all_reasons()) if a.verdict else a.why(),
+                          "policies_uninformative": ", ".join(a.bad_policies)}
+        frame = pd.DataFrame.from_dict(rows, orient="index")
+        frame.index.name = "estimator"
+        return frame
+
+    def summary(self) -> str:
+        """The report in words: which policy is best and by how much, and which estimators to trust and why."""
+        paragraphs = self._summary_paragraphs()
+        lines = []
+        for item in paragraphs:
+            if isinstance(item, list):
+                lines.extend(f"- {text}" for text in item)
+            else:
+                lines.append(item)
+        return "\n".join(lines)
+
+    def _metrics_or_none(self) -> Any:
+        if self.true_values is None:
+            return None
+        try:
+            return self.metrics()
+        except ValueError:  # e.g. a non-finite estimate: no metrics, the rest of the report stands
+            return None
+
+    def _true_std_errors(self) -> dict[str, float]:
+        se = self.metadata.get("true_value_std_error")
+        if not isinstance(se, Mapping):
+            return {}
+        return {str(k): float(v) for k, v in se.items() if _finite(v)}
+
+    def _unit(self) -> tuple[str, str]:
+        """('episodes', 'episode') for episodic estimators, ('rounds', 'round') for bandit logs."""
+        episodic = any("horizon" in r.diagnostics for per in self.results.values() for r in per.values())
+        return ("episodes", "episode") if episodic else ("rounds", "round")
+
+    def _horizon(self) -> int | None:
+        for per_policy in self.results.values():
+            for r in per_policy.values():
+                h = r.diagnostics.get("horizon")
+                if isinstance(h, (int, np.integer)) and h > 0:
+                    return int(h)
+        return None
+
+    def _level(self) -> str:
+        first = next(iter(next(iter(self.results.values())).values()))
+        return f"{100 * (1 - first.alpha):g}% {first.interval}".strip()
+
+    def _assessments(self) -> dict[str, "_Assessment"]:
+        metrics = self._metrics_or_none()
+        units, unit = self._unit()
+        horizon = self._horizon()
+        out: dict[str, _Assessment] = {}
+        for estimator in self.estimators:
+            results = {p: per[estimator] for p, per in self.results.items() if estimator in per}
+            first = next(iter(results.values()))
+            family = estimator_family(estimator, first.diagnostics)
+            a = _Assessment(estimator, family)
+            values = np.array([r.value for r in results.values()], np.float64)
+            finite_values = values[np.isfinite(values)]
+            spread = float(np.ptp(finite_values)) if len(finite_values) > 1 else 0.0
+            levels: dict[str, int] = {p: 0 for p in results}
+            unbounded = [p for p, r in results.items() if not (_finite(r.ci_low) and _finite(r.ci_high))]
+            # importance weights: effective sample size
+            ess = {p: float(r.diagnostics["ess"]) for p, r in results.items() if _finite(r.diagnostics.get("ess"))}
+            n = int(first.diagnostics.get("n", 0) or 0)
+            if ess:
+                for p, e in ess.items():
+                    frac = e / n if n else 1.0
+                    levels[p] = 2 if (e < 3 or (frac < 0.02 and e < 30)) else 1 if (e < 10 or (frac < 0.1 and e < 100)) else 0
+                low_ess = [p for p in ess if levels[p] > 0]
+                e_values = np.array(list(ess.values()))
+                ess_text = _about(float(np.median(e_values)))
+                spread_text = (f" ({_html.fmt(e_values.min(), 2)} to {_html.fmt(e_values.max(), 2)} across the "
+                               f"{len(e_values)} policies)" if len(e_values) > 1 and np.ptp(e_values) >= 0.5 else "")
+                steps = f"on these {horizon}-step {units}, " if horizon and horizon >= 20 else ""
+                core = f"{steps}the effective sample size of the importance weights is about {ess_text} of {n}{spread_text}"
+                worst = max(levels.values())
+                if family == "dr" and low_ess:
+                    dm = {p: r.diagnostics.get("dm_value") for p, r in results.items()}
+                    gaps = [abs(r.value - float(dm[p])) / max(abs(float(dm[p])), 1e-12) for p, r in results.items()
+                            if _finite(dm[p])]
+                    close = bool(gaps) and float(np.median(gaps)) < 0.05
+                    if close:
+                        for p in low_ess:
+                            levels[p] = 1
+                        a.reasons.append((1, f"{core}, so the importance-weighted correction is close to nothing: "
+                                             f"the estimate stays within {_html.fmt(100 * float(np.median(gaps)), 2)}% "
+                                             f"of the fitted model's value and adds no evidence of its own"))
+                    else:
+                        a.reasons.append((max(levels[p] for p in low_ess),
+                                          f"{core}, so the weighted part of each estimate rests on "
+                                          f"{_rest_on(float(np.median(e_values)), unit)}"))
+                elif worst > 0:
+                    a.reasons.append((max(levels[p] for p in low_ess),
+                                      f"{core}, so the weighted part of each estimate rests on "
+                                      f"{_rest_on(float(np.median(e_values)), unit)}"))
+                else:
+                    text = f"the effective sample size of the importance weights is about {ess_text} of {n} {units}"
+                    a.positives.append((text, text))
+            if unbounded:
+                for p in unbounded:
+                    levels[p] = 2
+                note = first.diagnostics.get("interval_note", "")
+                why = " (a self-normalised estimate with an effective sample size below 2 has none)" if "below 2" in str(note) else ""
+                which = "for any policy" if len(unbounded) == len(results) else f"for {_html.join_words(unbounded)}"
+                a.reasons.append((2, f"no finite interval is given {which}{why}"))
+            # the estimator's own uncertainty against the differences it must resolve
+            widths = np.array([r.ci_high - r.ci_low for r in results.values() if _finite(r.ci_low) and _finite(r.ci_high)])
+            if len(results) > 1 and spread > 0 and len(widths) and float(np.median(widths)) > spread:
+                a.raise_to(1, f"the intervals (typically {_html.fmt(float(np.median(widths)))} wide) are wider than "
+                              f"the spread of the estimates across the policies ({_html.fmt(spread)}), so the "
+                              f"policies cannot be told apart")
+            elif len(results) > 1 and spread > 0 and len(widths) == len(results):
+                a.positives.append(("the intervals are narrow next to the differences between the policies",
+                                    f"the intervals (typically {_html.fmt(float(np.median(widths)))} wide) are narrow "
+                                    f"next to the spread of the estimates across the policies ({_html.fmt(spread)})"))
+            ens = np.array([float(r.diagnostics["ensemble_std"]) for r in results.values()
+                            if _finite(r.diagnostics.get("ensemble_std"))])
+            if family == "model":
+                text = "no importance weights are used, so long episodes and rare actions cannot make the estimate collapse"
+                a.positives.insert(0, (text, text))
+            if len(ens) and np.max(ens) > 0:
+                if len(results) > 1 and spread > 0 and float(np.median(ens)) > 0.5 * spread:
+                    a.raise_to(1, f"the ensemble members disagree by about {_html.fmt(float(np.median(ens)))}, "
+                                  f"large next to the spread between the policies ({_html.fmt(spread)})")
+                else:
+                    a.positives.append(("the ensemble members agree",
+                                        f"the ensemble members agree within {_html.fmt(float(np.median(ens)))} "
+                                        f"(median standard deviation)"))
+            mass = max((float(r.diagnostics.get("unsupported_mass") or 0.0) for r in results.values()), default=0.0)
+            if mass > 0.01:
+                a.raise_to(1, f"a policy puts up to {mass:.0%} of its action probability where the data has no "
+                              f"actions; importance weights cannot see that part")
+            heldout = first.diagnostics.get("behavior_heldout_loglik")
+            insample = first.diagnostics.get("behavior_insample_loglik")
+            if family in ("is", "pdis", "dr") and _finite(heldout) and _finite(insample) and insample - heldout > 1.0:
+                a.raise_to(1, f"the estimated behaviour policy over-fits (log-likelihood {_html.fmt(insample)} nats per "
+                              f"transition in-sample, {_html.fmt(heldout)} held-out), which biases the weights")
+            if first.diagnostics.get("interval_guaranteed") is False:
+                a.notes.append("the intervals use the observed range of the weights or rewards (no guaranteed bound "
+                               "was given), so they can be too narrow")
+            a.diag_verdict = max(a.verdict, sorted(levels.values(), reverse=True)[(len(levels) + 1) // 2 - 1])
+            # against the true values
+            if metrics is not None and estimator in metrics.index:
+                row = metrics.loc[estimator]
+                a.truth = _truth_text(row, self.k, len(results))
+                rho = float(row.get("spearman", np.nan))
+                regret = float(row.get(f"regret@{self.k}", np.nan))
+                rel = float(row.get("relative_error", np.nan))
+                coverage = float(row.get("coverage", np.nan))
+                if len(results) >= 3 and _finite(rho) and rho < 0.5:
+                    a.raise_truth(1, f"against the true values the policies are ranked poorly (Spearman {rho:.2f})")
+                if _finite(regret) and regret > 0.25:
+                    a.raise_truth(1, f"against the true values, choosing by these estimates loses {regret:.0%} of the "
+                                     f"range between the worst and the best policy (regret@{self.k})")
+                if _finite(rel) and rel > 0.5:
+                    a.raise_truth(1, f"against the true values the estimates are off by {rel:.0%} on average")
+                if len(results) >= 2 and _finite(coverage) and coverage < 0.5:
+                    covered = int(round(coverage * len(results)))
+                    a.raise_truth(1, f"the intervals are too narrow: they contain only {covered} of the "
+                                     f"{len(results)} true values")
+            a.levels = levels
+            ordered = sorted(levels.values(), reverse=True)
+            a.verdict = max(a.verdict, ordered[(len(ordered) + 1) // 2 - 1])
+            a.bad_policies = [p for p, lv in levels.items() if lv == 2] if a.verdict < 2 else []
+            out[estimator] = a
+        return out
+
+    def _chosen_estimator(self) -> str:
+        """The most trustworthy estimator: best verdict, then fitted models before DR before IS, then report order."""
+        assessed = self._assessments()
+        order = {"model": 0, "dr": 1, "is": 2, "pdis": 2, "other": 3}
+        names = self.estimators
+        return min(names, key=lambda e: (assessed[e].verdict, order[assessed[e].family], names.index(e)))
+
+    def _weights_text(self) -> str:
+        """Why the importance weights collapsed (or exploded), from the log of the largest weight; '' if they did not."""
+        logs = [float(r.diagnostics["log_max_weight"]) for per in self.results.values() for r in per.values()
+                if _finite(r.diagnostics.get("log_max_weight"))]
+        if not logs:
+            return ""
+        unit = self._unit()[1]
+        top = max(logs)
+        if top < math.log(1e-3):
+            raw_zero = any(re.search(r"max weight 0(?![.\d])", str(r.diagnostics.get("warning", "")))
+                           for per in self.results.values() for r in per.values())
+            horizon = self._horizon()
+            over = f"over {horizon} steps " if horizon else ""
+            text = (f"Why the weights fail here: every {unit}'s importance weight is vanishingly small (the largest "
+                    f"is about {_power_of_ten(top)}). An {unit}'s weight multiplies one probability ratio per step, "
+                    f"and the evaluated policies rarely take actions close to the logged ones, so {over}the products "
+                    f"collapse and whichever weight is least small decides the estimate.")
+            plain = [e for e in self.estimators if e.lower() in ("is", "pdis", "ipw")]
+            if plain:
+                text += (f" {_html.join_words(plain)} {'does' if len(plain) == 1 else 'do'} not renormalise the "
+                         f"weights, so {'its' if len(plain) == 1 else 'their'} estimates are pulled towards 0.")
+            if raw_zero:
+                text += (" The raw warnings' \"max weight 0\" is that largest weight rounded to zero: tiny in "
+                         "absolute terms, yet still far larger than all the others.")
+            return text
+        if top > math.log(1e6):
+            return (f"The largest {unit} weight is about {_power_of_ten(top)}: a single {unit} can outweigh all the "
+                    f"others.")
+        return ""
+
+    def _summary_paragraphs(self) -> list[Any]:
+        """Sentences (str) and one bullet list (list[str]) for the summary box and `summary()`."""
+        assessed = self._assessments()
+        chosen = self._chosen_estimator()
+        verdict = assessed[chosen].verdict
+        est = self.estimates(chosen)
+        policies = list(est)
+        level = self._level()
+        paragraphs: list[Any] = []
+        res = {p: self.results[p][chosen] for p in policies}
+        if len(policies) == 1:
+            p = policies[0]
+            paragraphs.append(f"{chosen} estimates the value of {p} at {_interval(res[p])} ({level} interval).")
+        else:
+            ranked = sorted(policies, key=lambda p: -est[p])
+            best, second = ranked[0], ranked[1]
+            why = ("the most trustworthy estimator here" if verdict == 0 else
+                   "the least doubtful estimator here, though none is fully trustworthy on this data" if verdict == 1
+                   else "though no estimator is trustworthy on this data, so this ranking is a guess")
+            text = (f"{best} looks best of the {len(policies)} policies by {chosen}, {why}: {_interval(res[best])}, "
+                    f"against {_interval(res[second])} for the runner-up, {second} (estimate [{level} interval] "
+                    f"of the discounted value).")
+            if res[best].ci_low > res[second].ci_high:
+                text += " Its interval lies above the runner-up's, so the order is clear."
+            else:
+                text += " The two intervals overlap, so the data do not settle which of the two is better."
+            others = [e for e in self.estimators if e != chosen and assessed[e].verdict < 2
+                      and len(self.estimates(e)) == len(policies)]
+            agree = [e for e in others if max(self.estimates(e), key=self.estimates(e).get) == best]
+            disagree = {e: max(self.estimates(e), key=self.estimates(e).get) for e in others if e not in agree}
+            if agree:
+                text += f" {_html.join_words(agree)} {'agrees' if len(agree) == 1 else 'agree'}."
+            for e, p in disagree.items():
+                text += f" {e} prefers {p}."
+            paragraphs.append(text)
+            baseline = next((p for p in policies if p != best and _is_bc(p)), None)
+            compare = []
+            if baseline is not None:
+                diff = est[best] - est[baseline]
+                compare.append(f"{best} is estimated {_html.fmt(abs(diff))} {'above' if diff >= 0 else 'below'} "
+                               f"BC ({baseline}: {_interval(res[baseline])})")
+            data_value = self.metadata.get("data value")
+            if _finite(data_value):
+                diff = est[best] - float(data_value)
+                compare.append(f"{_html.fmt(abs(diff))} {'above' if diff >= 0 else 'below'} the logged "
+                               f"{self._unit()[0]}' own discounted return ({_html.fmt(float(data_value))})")
+            if compare:
+                paragraphs.append(f"By {chosen}, " + "; and ".join(compare) + ".")
+        if self.true_values is not None:
+            truth = self.true_values
+            true_best = max(truth, key=truth.get)
+            se = self._true_std_errors()
+            how = self.metadata.get("true values")
+            source = f" ({how})" if how else ""
+
+            def shown(p: str) -> str:
+                return _html.fmt(truth[p]) + (f" ± {_html.fmt(se[p])}" if p in se else "")
+
+            if len(policies) == 1:
+                paragraphs.append(f"Its true value{source} is {shown(policies[0])}.")
+            else:
+                picked = max(est, key=est.get)
+                if picked == true_best:
+                    paragraphs.append(f"The true values{source} confirm it: {picked} {shown(picked)}, the best.")
+                else:
+                    paragraphs.append(f"By the true values{source} the best is {true_best} ({shown(true_best)}); "
+                                      f"{picked}'s true value is {shown(picked)}.")
+        groups: dict[int, dict[str, list[str]]] = {0: {}, 1: {}, 2: {}}
+        for name, a in assessed.items():
+            why = a.why()
+            # the true values said more than the diagnostics: say that too
+            truth = next((t for _, t in a.truth_reasons if t != why), "") if a.verdict > a.diag_verdict else ""
+            groups[a.verdict].setdefault(why + (f"; and {truth}" if truth else ""), []).append(name)
+        bullets = []
+        for v, label in ((0, "Trustworthy here"), (1, "Use with care"), (2, "Uninformative here")):
+            for why, names in groups[v].items():
+                bullets.append(f"{label}: {_html.join_words(names)}" + (f", because {why}." if why else "."))
+        paragraphs.append(bullets)
+        return paragraphs
+
     # ------------------------------------------------------------------ HTML
     def _figure_estimates(self) -> str:
         import matplotlib
@@ -171,10 +489,12 @@ class OPEReport:
         matplotlib.use("Agg", force=False)
         import matplotlib.pyplot as plt
 
+        assessed = self._assessments()
         policies, estimators = self.policies, self.estimators
         width = 0.8 / max(len(estimators), 1)
-        fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(policies) + 2), 4.2))
+        fig, ax = plt.subplots(figsize=(max(9.0, 1.3 * len(policies) + 3), 4.8))
         x = np.arange(len(policies))
+        unbounded_x = []
         for j, est in enumerate(estimators):
             vals, lows, highs, xs = [], [], [], []
             for i, p in enumerate(policies):
@@ -183,19 +503,27 @@ class OPEReport:
                     continue
                 xs.append(x[i] - 0.4 + width * (j + 0.5))
                 vals.append(r.value)
-                lows.append(r.value - r.ci_low if math.isfinite(r.ci_low) else 0.0)
-                highs.append(r.ci_high - r.value if math.isfinite(r.ci_high) else 0.0)
-            ax.errorbar(xs, vals, yerr=[lows, highs], fmt="o", capsize=3, label=est)
+                lows.append(r.value - r.ci_low if _finite(r.ci_low) else 0.0)
+                highs.append(r.ci_high - r.value if _finite(r.ci_high) else 0.0)
+                if not (_finite(r.ci_low) and _finite(r.ci_high)):
+                    unbounded_x.append((xs[-1], j))
+            faded = assessed[est].verdict == 2
+            label = est + (" (uninformative)" if faded else "")
+            ax.errorbar(xs, vals, yerr=[lows, highs], fmt="o", capsize=3, label=label, color=f"C{j}",
+                        alpha=0.35 if faded else 1.0, mfc="none" if faded else f"C{j}")
+        for xv, j in unbounded_x:
+            ax.axvline(xv, color=f"C{j}", ls=":", lw=1, alpha=0.6)
         if self.true_values is not None:
-            ax.scatter(x, [self.true_values[p] for p in policies], marker="_", s=900, color="black", zorder=5,
-                       label="true value")
+            ax.scatter(x, [self.true_values[p] for p in policies], marker="_", s=1400, linewidths=2.5, color="black",
+                       zorder=5, label="true value")
         ax.set_xticks(x)
-        ax.set_xticklabels(policies, rotation=30, ha="right")
-        ax.set_ylabel("estimated value")
-        ax.set_title("Estimates with confidence intervals")
-        ax.legend(fontsize=8, ncol=2)
+        ax.set_xticklabels(policies, rotation=20 if len(policies) > 6 else 0, ha="right" if len(policies) > 6 else "center")
+        ax.set_ylabel("estimated discounted value")
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize=9, ncol=min(6, len(estimators) + 1), loc="upper center", bbox_to_anchor=(0.5, -0.1),
+                  frameon=False)
         fig.tight_layout()
-        return _png(fig)
+        return _html.png_base64(fig, dpi=110)
 
     def _figure_scatter(self) -> str:
         import matplotlib
@@ -203,12 +531,13 @@ class OPEReport:
         matplotlib.use("Agg", force=False)
         import matplotlib.pyplot as plt
 
+        assessed = self._assessments()
         estimators = self.estimators
         n = len(estimators)
-        cols = min(n, 4)
+        cols = min(n, 3)
         rows = math.ceil(n / cols)
-        fig, axes = plt.subplots(rows, cols, figsize=(3.4 * cols, 3.2 * rows), squeeze=False)
-        metrics = self.metrics()
+        fig, axes = plt.subplots(rows, cols, figsize=(3.7 * cols, 3.3 * rows), squeeze=False)
+        metrics = self._metrics_or_none()
         true_all = np.array(list(self.true_values.values()))
         lo, hi = true_all.min(), true_all.max()
         for ax, est in zip(axes.ravel(), estimators):
@@ -221,63 +550,403 @@ class OPEReport:
             ax.errorbar(t, v, yerr=yerr, fmt="o", capsize=2)
             span = max(hi - lo, 1e-9)
             ax.plot([lo - 0.1 * span, hi + 0.1 * span], [lo - 0.1 * span, hi + 0.1 * span], "k--", lw=1)
-            rho = metrics.loc[est, "spearman"]
-            ax.set_title(f"{est}  (Spearman {rho:.2f})", fontsize=9)
+            rho = metrics.loc[est, "spearman"] if metrics is not None and est in metrics.index else float("nan")
+            ax.set_title(f"{est}: {_VERDICTS[assessed[est].verdict]}, Spearman {rho:.2f}", fontsize=9.5)
             ax.set_xlabel("true value")
             ax.set_ylabel("estimate")
         for ax in axes.ravel()[n:]:
             ax.axis("off")
         fig.tight_layout()
-        return _png(fig)
+        return _html.png_base64(fig, dpi=100)
+
+    def _estimates_table_html(self) -> str:
+        assessed = self._assessments()
+        se = self._true_std_errors()
+        header = ["policy"]
+        if self.true_values is not None:
+            header.append("true value")
+        for e in self.estimators:
+            a = assessed[e]
+            header.append(f"{_html.esc(e)}<span class='sub {_CSS[a.verdict]}'>{_VERDICTS[a.verdict]}</span>")
+        best_of = {}
+        for e in self.estimators:
+            values = self.estimates(e)
+            if assessed[e].verdict < 2 and len(values) > 1:
+                best_of[e] = max(values, key=values.get)
+        rows = []
+        for p, per_policy in self.results.items():
+            row = [_html.esc(p)]
+            if self.true_values is not None:
+                row.append(_html.esc(_html.fmt(self.true_values[p]) + (f" ± {_html.fmt(se[p])}" if p in se else "")))
+            for e in self.estimators:
+                r = per_policy.get(e)
+                if r is None:
+                    row.append("")
+                    continue
+                cell = _html.interval_cell(r.value, r.ci_low, r.ci_high)
+                if best_of.get(e) == p:
+                    cell = f"<b>{cell}</b>"
+                if assessed[e].levels.get(p, 0) == 2:
+                    cell = f"<span class='dim'>{cell}</span>"
+                row.append(cell)
+            rows.append(row)
+        level = self._level()
+        truth = ""
+        if self.true_values is not None:
+            truth = (" True value: " + _html.esc(self.metadata.get("true values", "from on-policy roll-outs"))
+                     + (", ± its standard error" if se else "") + ".")
+        caption = (f"Each cell: the estimate of the policy's discounted value and its {_html.esc(level)} interval, "
+                   f"as value [low, high]. Bold: the highest estimate of each estimator that is not uninformative; "
+                   f"grey: estimates judged uninformative (see below).{truth}")
+        numeric = [False] + [True] * (len(header) - 1)
+        return _html.table(header, rows, caption=caption, numeric=numeric)
+
+    def _trust_html(self) -> str:
+        """A verdict table (one row per estimator), then one paragraph per estimator family: what its estimators
+        do, why they are (not) to be trusted here, and the warnings they raised, each said once."""
+        assessed = self._assessments()
+        metrics = self._metrics_or_none()
+        units, unit = self._unit()
+        n_policies = len(self.policies)
+        header = ["estimator", "verdict", "effective sample size"]
+        if metrics is not None:
+            header += ["Spearman", f"regret@{self.k}", "intervals containing the true value", "mean relative error"]
+        rows = []
+        for name, a in assessed.items():
+            ess = [float(self.results[p][name].diagnostics["ess"]) for p in self.policies
+                   if name in self.results[p] and _finite(self.results[p][name].diagnostics.get("ess"))]
+            n = next((self.results[p][name].diagnostics.get("n") for p in self.policies if name in self.results[p]), None)
+            ess_text = (f"{_about(float(np.median(ess)))} of {n}" if ess and n else
+                        "no weights" if a.family == "model" else "n/a")
+            row = [_html.esc(name),
+                   f"<span class='{_CSS[a.verdict]}'>{_VERDICTS[a.verdict]}</span>"
+                   f"<span class='sub'>{_html.esc(_FAMILIES[a.family][0])}</span>", _html.esc(ess_text)]
+            if metrics is not None:
+                m = metrics.loc[name] if name in metrics.index else {}
+                coverage = m.get("coverage", np.nan)
+                rel = m.get("relative_error", np.nan)
+                row += [_html.esc(_html.fmt(m.get("spearman", np.nan), 3)),
+                        _html.esc(_html.fmt(m.get(f"regret@{self.k}", np.nan), 3)),
+                        _html.esc(f"{int(round(float(coverage) * n_policies))} of {n_policies}" if _finite(coverage) else "n/a"),
+                        _html.esc(f"{100 * float(rel):.0f}%" if _finite(rel) else "n/a")]
+            rows.append(row)
+        caption = (f"Verdicts read from each estimator's diagnostics: the effective sample size of its importance "
+                   f"weights (median over the policies, of the {units} used), its interval widths against the "
+                   f"differences between the policies, its ensemble spread, the behaviour model's fit")
+        if metrics is not None:
+            caption += (f"; and from the true values: Spearman's rank correlation of the estimates with them (1: the "
+                        f"same order), regret@{self.k} (the true value lost by choosing the top-{self.k} by the "
+                        f"estimate, as a share of the range from the worst to the best policy; 0: no loss), how many "
+                        f"intervals contain the true value, and the mean relative error")
+        parts = [_html.table(header, rows, caption=_html.esc(caption) + ".",
+                             numeric=[False, False] + [True] * (len(header) - 2))]
+        families: dict[str, list[str]] = {}
+        for name, a in assessed.items():
+            families.setdefault(a.family, []).append(name)
+        parts.append("<h3>Why, by estimator family</h3>")
+        explained_weights = False
+        for family, names in families.items():
+            title, what = _FAMILIES[family]
+            verdicts = {assessed[n].verdict for n in names}
+            if len(verdicts) == 1:
+                v = verdicts.pop()
+                head = f"<span class='{_CSS[v]}'>{_VERDICTS[v]}</span>"
+            else:
+                head = ", ".join(f"{_html.esc(n)} <span class='{_CSS[assessed[n].verdict]}'>"
+                                 f"{_VERDICTS[assessed[n].verdict]}</span>" for n in names)
+            plural = len(names) > 1
+            intro = what.format(They="They" if plural else "It", they="they" if plural else "it",
+                                s="" if plural else "s", unit=unit) + "." if what else ""
+            said: dict[str, list[str]] = {}
+            for n in names:
+                a = assessed[n]
+                if not a.verdict:
+                    texts = [long for _, long in a.positives[:3]] or [a.why()]
+                else:
+                    texts = [t for _, t in a.reasons]
+                    if a.verdict > a.diag_verdict or not texts:  # the true values decided it: say how
+                        texts += [t for _, t in a.truth_reasons]
+                for t in texts + a.notes:
+                    said.setdefault(t, []).append(n)
+            items = []
+            for text, who in said.items():
+                everyone = len(who) == len(names)
+                body = text
+                prefix = "" if everyone else f"{_html.join_words(who)}: "
+                items.append(_html.esc(prefix + body[0].upper() + body[1:] + "."))
+            for n in names:
+                if assessed[n].bad_policies:
+                    items.append(_html.esc(f"{n} is uninformative for {_html.join_words(assessed[n].bad_policies)}."))
+            weights = "" if explained_weights else self._weights_text()
+            if weights and family in ("is", "pdis", "dr"):
+                items.append(_html.esc(weights))
+                explained_weights = True
+            warned = self._family_warnings(family)
+            if warned:
+                items.append("Warnings raised: " + "; ".join(
+                    f"\u201c{_html.esc(msg)}\u201d ({_html.esc(_html.join_words(ests))}, "
+                    f"{_html.esc(_policies_text(pols, n_policies))})" for msg, ests, pols in warned) + ".")
+            parts.append(f"<p class='family'><b>{_html.esc(title[0].upper() + title[1:])} "
+                         f"({_html.esc(_html.join_words(names))}):</b> {head}. {_html.esc(intro)}</p>"
+                         + ("<ul class='reasons'>" + "".join(f"<li>{i}</li>" for i in items) + "</ul>" if items else ""))
+        return "".join(parts)
+
+    def _family_warnings(self, family: str) -> list[tuple[str, list[str], list[str]]]:
+        """The estimators' own warnings in this family, each core message once (without its numbers)."""
+        grouped: dict[str, tuple[list[str], list[str]]] = {}
+        for policy, per_policy in self.results.items():
+            for name, r in per_policy.items():
+                text = r.diagnostics.get("warning")
+                if not text or estimator_family(name, r.diagnostics) != family:
+                    continue
+                for part in str(text).split("; "):
+                    core = re.sub(r"\s*\((effective sample size|log weight)[^)]*\)\s*$", "", part).strip()
+                    ests, pols = grouped.setdefault(core, ([], []))
+                    if name not in ests:
+                        ests.append(name)
+                    if policy not in pols:
+                        pols.append(policy)
+        return [(msg, ests, pols) for msg, (ests, pols) in grouped.items()]
+
+    def _settings_html(self) -> str:
+        items = []
+        for key, value in self.metadata.items():
+            if key == "true_value_std_error":
+                continue  # shown next to each true value
+            items.append(f"<li><b>{_html.esc(key)}</b>: {_html.esc(_setting_text(value))}</li>")
+        behaviour = self._behaviour_summary()
+        if behaviour and "behaviour policy" not in self.metadata:
+            items.append(f"<li>{_html.esc(behaviour)}</li>")
+        elif behaviour and "log-likelihood" in behaviour and "log-likelihood" not in str(self.metadata["behaviour policy"]):
+            items.append(f"<li>{_html.esc(behaviour)}</li>")
+        return f"<ul class='settings'>{''.join(items)}</ul>" if items else ""
+
+    def _raw_html(self) -> str:
+        frame = self.to_frame()
+        warnings_col = frame.pop("warning") if "warning" in frame else None
+        constant = [c for c in frame.columns if c not in ("policy", "estimator") and frame[c].nunique(dropna=False) == 1]
+        same = ", ".join(f"{c} {_setting_text(frame[c].iloc[0])}" for c in constant)
+        shown = frame.drop(columns=constant)
+        inner = (f"<p>The same for every row: {_html.esc(same)}.</p>" if same else "") + _html.raw_table(shown)
+        parts = [_html.details("All numbers: one row per policy and estimator", inner)]
+        if warnings_col is not None:
+            grouped: dict[str, list[str]] = {}
+            for (policy, estimator), text in zip(zip(frame["policy"], frame["estimator"]), warnings_col):
+                if isinstance(text, str) and text:
+                    grouped.setdefault(text, []).append(f"{policy} / {estimator}")
+            if grouped:
+                items = "".join(f"<li>{_html.esc(msg)} <span class='dim'>({_html.esc(', '.join(who))})</span></li>"
+                                for msg, who in grouped.items())
+                parts.append(_html.details("The estimators' warnings as they wrote them", f"<ul>{items}</ul>"))
+        return "".join(parts)
+
+    def summary_html(self) -> str:
+        """`summary()` as HTML paragraphs and a list (no box), e.g. for another page's summary."""
+        items = []
+        for item in self._summary_paragraphs():
+            if isinstance(item, list):
+                items.append("<ul>" + "".join(f"<li>{_html.esc(t)}</li>" for t in item) + "</ul>")
+            else:
+                items.append(f"<p>{_html.esc(item)}</p>")
+        return "".join(items)
+
+    def section_html(self, level: int = 2) -> str:
+        """The estimates table and which estimators to trust (with the grouped warnings), as HTML under headings
+        of `level`, without plots: for embedding in another page (the quickstart's report.html)."""
+        h, sub = f"h{level}", f"h{level + 1}"
+        return (f"<{h}>Estimates</{h}>" + self._estimates_table_html()
+                + f"<{h}>Which estimators to trust, and why</{h}>"
+                + self._trust_html().replace("<h3>", f"<{sub}>").replace("</h3>", f"</{sub}>"))
 
     def to_html(self, path: str | os.PathLike, title: str = "Off-policy evaluation report") -> None:
-        """A self-contained HTML page (inline CSS and base64 PNGs, no network fetches): tables and plots."""
-        frame = self.to_frame()
-        parts = [
-            "<!DOCTYPE html><html><head><meta charset='utf-8'>",
-            f"<title>{html.escape(title)}</title>",
-            "<style>body{font-family:sans-serif;margin:2em;max-width:1200px}table{border-collapse:collapse;"
-            "font-size:13px}td,th{border:1px solid #ccc;padding:3px 7px;text-align:right}th{background:#f0f0f0}"
-            "td:first-child,td:nth-child(2){text-align:left}.warn{color:#a60}</style></head><body>",
-            f"<h1>{html.escape(title)}</h1>",
-        ]
-        if self.metadata:
-            items = "".join(f"<li><b>{html.escape(str(k))}</b>: {html.escape(str(v))}</li>" for k, v in self.metadata.items())
-            parts.append(f"<ul>{items}</ul>")
+        """A self-contained page (inline CSS and base64 PNGs, no network fetches, no scripts) made for reading:
+        a summary in words first, one row per policy with "value [low, high]" per estimator, which estimators to
+        trust and why (warnings grouped per estimator family), captioned plots, the settings, and every number in
+        collapsed blocks.  It fits a 1280-px-wide window without scrolling sideways."""
+        level = self._level()
+        parts = ["<section class='summary' id='summary'><h2>Summary</h2>" + self.summary_html() + "</section>",
+                 self.section_html(level=2)]
+        parts.append("<h2>Plots</h2>")
+        truth = "; black bars: the true values" if self.true_values is not None else ""
+        parts.append(f"<figure><img alt='estimates with intervals per policy' "
+                     f"src='data:image/png;base64,{self._figure_estimates()}'><figcaption>Figure 1. Each policy's "
+                     f"estimates with their {_html.esc(level)} intervals{truth}. Faded, hollow markers: estimators "
+                     f"judged uninformative on this data; dotted vertical lines: estimates without a finite interval."
+                     f"</figcaption></figure>")
         if self.true_values is not None:
-            parts.append("<h2>Selection metrics (against true values)</h2>")
-            parts.append(self.metrics().to_html(float_format=lambda v: f"{v:.4g}", escape=True))
-        behaviour = self._behaviour_summary()
-        if behaviour:
-            parts.append(f"<h2>Behaviour policy</h2><p>{html.escape(behaviour)}</p>")
-        parts.append("<h2>Estimates</h2>")
-        shown = [c for c in frame.columns if c != "warning"]
-        parts.append(frame[shown].to_html(index=False, float_format=lambda v: f"{v:.4g}", escape=True))
-        if "warning" in frame:
-            warned = frame.dropna(subset=["warning"])
-            if len(warned):
-                parts.append("<h2>Warnings</h2><ul class='warn'>")
-                parts.extend(f"<li><b>{html.escape(r.policy)} / {html.escape(r.estimator)}</b>: {html.escape(str(r.warning))}</li>"
-                             for r in warned.itertuples())
-                parts.append("</ul>")
-        parts.append("<h2>Estimates per policy</h2>")
-        parts.append(f"<img alt='estimates with intervals' src='data:image/png;base64,{self._figure_estimates()}'>")
-        if self.true_values is not None:
-            parts.append("<h2>Estimated vs true values</h2>")
-            parts.append(f"<img alt='estimated vs true' src='data:image/png;base64,{self._figure_scatter()}'>")
-        parts.append("</body></html>")
+            parts.append(f"<figure><img alt='estimated against true values' "
+                         f"src='data:image/png;base64,{self._figure_scatter()}'><figcaption>Figure 2. Each "
+                         f"estimator's estimates against the true values, one point per policy, with intervals; "
+                         f"dashed: estimate = true value. An estimator that ranks the policies well keeps the points "
+                         f"rising from left to right (its Spearman correlation is in the title).</figcaption></figure>")
+        settings = self._settings_html()
+        if settings:
+            parts += ["<h2>Settings</h2>", settings]
+        parts.append(self._raw_html())
         with atomic_write_path(path, suffix=".html") as tmp:
             with open(tmp, "w", encoding="utf-8") as f:
-                f.write("\n".join(parts))
+                f.write(_html.page(title, parts))
 
     def _repr_html_(self) -> str:
-        return self.to_frame().to_html(index=False)
+        return f"<div>{self.summary_html()}{self._estimates_table_html()}</div>"
 
 
-def _png(fig: Any) -> str:
-    import matplotlib.pyplot as plt
+# ---------------------------------------------------------------------- reading aids
+_VERDICTS = ("trustworthy", "use with care", "uninformative")
+_CSS = ("good", "care", "bad")
 
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=90)
-    plt.close(fig)
-    return base64.b64encode(buffer.getvalue()).decode("ascii")
+# family -> (title, what its estimators do, in plain terms; '{unit}' is episode or round)
+_FAMILIES = {
+    "model": ("fitted models", "{They} learn{s} the evaluated policy's values (FQE) or a model of the environment (MB) "
+                               "from the logged data and read{s} the value off it, with no importance weights; "
+                               "{they} can be biased where a policy goes where the data does not"),
+    "dr": ("doubly robust", "{They} start{s} from a fitted model's value and add{s} an importance-weighted correction "
+                            "of its errors; the correction is only as informative as the weights"),
+    "is": ("importance sampling", "{They} reweight{s} each logged {unit} by how much more or less likely the evaluated "
+                                  "policy was to take its actions than the logging policy; unbiased with exact "
+                                  "logging probabilities, but the weight of a whole {unit} is a product over its steps"),
+    "pdis": ("per-decision importance sampling", "{They} reweight{s} each reward by the probability ratio of the "
+                                                 "actions taken up to that step; less variance than whole-{unit} "
+                                                 "weights, but the same product over steps"),
+    "other": ("other estimators", ""),
+}
+_FAMILY_OF_NAME = {"fqe": "model", "mb": "model", "dm": "model", "dr": "dr", "wdr": "dr", "sndr": "dr",
+                   "switch-dr": "dr", "dr-os": "dr", "is": "is", "wis": "is", "ipw": "is", "snipw": "is",
+                   "pdis": "pdis", "wpdis": "pdis"}
+
+
+def estimator_family(name: str, diagnostics: Mapping[str, Any] | None = None) -> str:
+    """'model', 'dr', 'is', 'pdis' or 'other': by the estimator's short name, else by its diagnostics."""
+    family = _FAMILY_OF_NAME.get(str(name).lower())
+    if family is not None:
+        return family
+    diagnostics = diagnostics or {}
+    if "dm_value" in diagnostics:
+        return "dr"
+    if "ess" in diagnostics:
+        return "is"
+    if "ensemble_std" in diagnostics or "member_values" in diagnostics:
+        return "model"
+    return "other"
+
+
+class _Assessment:
+    """One estimator's verdict: levels per policy (0 fine, 1 care, 2 uninformative), reasons, positives, notes."""
+
+    def __init__(self, estimator: str, family: str) -> None:
+        self.estimator = estimator
+        self.family = family
+        self.verdict = 0
+        self.diag_verdict = 0  # before the true values
+        self.reasons: list[tuple[int, str]] = []  # read from the diagnostics
+        self.truth_reasons: list[tuple[int, str]] = []  # from the true values
+        self.positives: list[tuple[str, str]] = []  # (short, with numbers)
+        self.notes: list[str] = []
+        self.levels: dict[str, int] = {}
+        self.bad_policies: list[str] = []
+        self.truth = ""
+
+    def raise_to(self, level: int, text: str) -> None:
+        self.verdict = max(self.verdict, level)
+        self.reasons.append((level, text))
+
+    def raise_truth(self, level: int, text: str) -> None:
+        self.verdict = max(self.verdict, level)
+        self.truth_reasons.append((level, text))
+
+    def why(self) -> str:
+        """The main reason for the verdict (the first at its level, diagnostics first), or the main positives."""
+        if self.verdict > 0:
+            for level, text in self.reasons + self.truth_reasons:
+                if level >= self.verdict:
+                    return text
+            return (self.reasons + self.truth_reasons)[0][1]
+        return _html.join_words([short for short, _ in self.positives[:3]]) if self.positives else \
+            "no problem shows in the diagnostics"
+
+    def all_reasons(self) -> list[str]:
+        return [text for _, text in self.reasons + self.truth_reasons]
+
+
+def _finite(value: Any) -> bool:
+    try:
+        return value is not None and not isinstance(value, bool) and math.isfinite(float(value))
+    except (TypeError, ValueError):
+        return False
+
+
+def _about(ess: float) -> str:
+    return _html.fmt(ess, 2) if ess < 10 else f"{ess:.0f}"
+
+
+def _rest_on(ess: float, unit: str) -> str:
+    if ess < 1.5:
+        return f"a single logged {unit}"
+    if ess < 3:
+        return f"one or two logged {unit}s"
+    if ess < 10:
+        return f"a handful of logged {unit}s"
+    return f"about {ess:.0f} logged {unit}s"
+
+
+def _power_of_ten(log_value: float) -> str:
+    exponent = log_value / math.log(10)
+    return f"10^{exponent:.0f}"
+
+
+def _is_bc(name: str) -> bool:
+    lower = name.lower()
+    return lower == "bc" or re.match(r"bc[-_@ (\[]", lower) is not None
+
+
+def _interval(r: OPEResult) -> str:
+    return _html.interval_text(r.value, r.ci_low, r.ci_high)
+
+
+def _policies_text(policies: list[str], total: int) -> str:
+    if len(policies) == total and total > 1:
+        return f"all {total} policies"
+    return _html.join_words(policies)
+
+
+def _truth_text(row: Any, k: int, n: int) -> str:
+    parts = []
+    rho = row.get("spearman", np.nan)
+    if n >= 2 and _finite(rho):
+        parts.append(f"Spearman {float(rho):.2f}")
+    regret = row.get(f"regret@{k}", np.nan)
+    if _finite(regret):
+        parts.append(f"regret@{k} {_html.fmt(float(regret), 3)}")
+    coverage = row.get("coverage", np.nan)
+    if _finite(coverage):
+        parts.append(f"intervals contain {int(round(float(coverage) * n))} of {n} true values")
+    rel = row.get("relative_error", np.nan)
+    if _finite(rel):
+        parts.append(f"mean relative error {100 * float(rel):.0f}%")
+    return ", ".join(parts)
+
+
+def _setting_text(value: Any) -> str:
+    if isinstance(value, Mapping):
+        return ", ".join(f"{k} {_setting_text(v)}" for k, v in value.items())
+    if isinstance(value, (float, np.floating)):
+        return _html.fmt(float(value))
+    return str(value)
+
+
+def logged_value(dataset: Any, gamma: float, horizon: int | None = None) -> float:
+    """The logged episodes' own mean discounted return (the data's value, to compare the policies with);
+    put it in an OPEReport's metadata as "data value" and the summary says how the best policy compares."""
+    from offrl.ope.results import check_gamma, check_horizon
+
+    gamma = check_gamma(gamma)
+    horizon = check_horizon(horizon)
+    starts = np.asarray(dataset.episode_starts)
+    rewards = np.asarray(dataset.rewards, np.float64)
+    values = []
+    for start, end in zip(starts[:-1], starts[1:]):
+        r = rewards[start:end] if horizon is None else rewards[start:min(end, start + horizon)]
+        values.append(float(np.sum(r * gamma ** np.arange(len(r)))))
+    if not values:
+        raise ValueError("the dataset has no episodes")
+    return float(np.mean(values))
