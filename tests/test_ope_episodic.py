@@ -249,3 +249,15 @@ def test_estimator_interval_coverage(mdp):
             assert rate >= 0.95, (name, interval, rate)  # a conservative bound
         else:
             assert 0.9 <= rate <= 0.99, (name, interval, rate)
+
+
+def test_warning_prints_the_largest_weight_that_a_float_rounds_to_zero():
+    """200-step episodes give whole-episode weights of 1e-194: the warning said "max weight 0" before."""
+    from offrl.ope.behavior import weight_diagnostics
+
+    rescaled = np.array([1.0, 1e-30, 1e-40, 1e-50])  # the weights relative to the largest
+    diag = weight_diagnostics(rescaled, warn=False, max_weight=0.0, log_max_weight=-447.0)
+    assert "largest weight about 1e-194" in diag["warning"] and "max weight 0" not in diag["warning"]
+    assert "the largest carries 100% of their total" in diag["warning"]
+    plain = weight_diagnostics(np.array([3.0, 1e-9, 1e-9]), warn=False)
+    assert "max weight 3" in plain["warning"]

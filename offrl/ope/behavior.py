@@ -775,11 +775,13 @@ def log_importance_ratios(
 
 def weight_diagnostics(weights: np.ndarray, notes: Sequence[str] = (), name: str = "importance weights",
                        warn: bool = True, min_ess_fraction: float = 0.01, max_weight: float | None = None,
-                       ess: float | None = None) -> dict[str, Any]:
+                       ess: float | None = None, log_max_weight: float | None = None) -> dict[str, Any]:
     """ESS, max weight and the warnings they call for (issued as OPEWarning when `warn`).
 
     `max_weight` / `ess` override the values computed from `weights` (e.g.
-    when `weights` are rescaled, or a per-decision ESS is the relevant one).
+    when `weights` are rescaled, or a per-decision ESS is the relevant one);
+    `log_max_weight` is the largest weight's log when it is too small or
+    large for a float (long episodes), so the message prints 1e-194, not 0.
     """
     w = np.asarray(weights, np.float64).reshape(-1)
     n = len(w)
@@ -795,7 +797,13 @@ def weight_diagnostics(weights: np.ndarray, notes: Sequence[str] = (), name: str
     if n and ess < max(min_ess_fraction * n, 2.0) and not messages:
         messages.append(f"the {name} are dominated by a few samples")
     if messages:
-        text = "; ".join(messages) + f" (effective sample size {ess:.1f} of {n}, max weight {max_w:.3g})"
+        total = float(w.sum()) if n else 0.0
+        share = f", the largest carries {w.max() / total:.0%} of their total" if total > 0 else ""
+        if log_max_weight is not None and np.isfinite(log_max_weight) and not -7.0 < log_max_weight < 14.0:
+            largest = f"largest weight about 1e{log_max_weight / np.log(10):.0f}"
+        else:
+            largest = f"max weight {max_w:.3g}"
+        text = "; ".join(messages) + f" (effective sample size {ess:.1f} of {n}{share}, {largest})"
         diag["warning"] = text
         if warn:
             warnings.warn(text, OPEWarning, stacklevel=3)

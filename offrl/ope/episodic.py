@@ -193,9 +193,10 @@ class _EpisodicEstimator(sklearn.base.BaseEstimator):
         weights = _scaled(final[:, None])[:, 0]
         if self.per_decision_weights:
             diag = weight_diagnostics(weights, list(ratios.warnings) + notes, warn=False, max_weight=max_weight,
-                                      ess=ess_pd)
+                                      ess=ess_pd, log_max_weight=float(finite.max()) if len(finite) else None)
         else:
-            diag = weight_diagnostics(weights, list(ratios.warnings) + notes, warn=False, max_weight=max_weight)
+            diag = weight_diagnostics(weights, list(ratios.warnings) + notes, warn=False, max_weight=max_weight,
+                                      log_max_weight=float(finite.max()) if len(finite) else None)
         diag["ess_trajectory"] = effective_sample_size(weights)
         diag["ess_per_decision"] = ess_pd
         diag["log_max_weight"] = float(finite.max()) if len(finite) else -math.inf
