@@ -180,6 +180,10 @@ def evaluate(
     metadata = {"dataset": dataset.metadata.get("name", repr(dataset)), "episodes": dataset.n_episodes,
                 "transitions": dataset.n_transitions, "gamma": gamma, "horizon": horizon or "as logged",
                 "interval": f"{interval} ({100 * (1 - alpha):g}%)"}
+    if dataset.is_labelled("rewards"):  # the logged episodes' own value: the summary compares the best policy with it
+        from offrl.ope.report import logged_value
+
+        metadata["data value"] = logged_value(dataset, gamma, horizon)
     if b_log_probs is not None:
         metadata["behaviour policy"] = b_log_probs.description
     return OPEReport(results, true_values=true_values, k=k, safety_threshold=safety_threshold, metadata=metadata)
