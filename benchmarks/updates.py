@@ -98,9 +98,10 @@ class MatmulReference:
         return statistics.median(self.rates)
 
 
-def update_flops(name: str, dataset: Dataset, batch_size: int) -> float:
+def update_flops(name: str, dataset: Dataset, batch_size: int, params: dict | None = None) -> float:
     """Matmul FLOPs of one update (eager fp32, mean over two consecutive steps)."""
-    algo = ALGORITHMS[name](hidden_dims=(256, 256), batch_size=batch_size, device="cpu", random_state=0)
+    algo = ALGORITHMS[name](**{"hidden_dims": (256, 256), **(params or {})}, batch_size=batch_size, device="cpu",
+                            random_state=0)
     algo.fit(dataset, n_steps=2, progress=False)  # builds networks and optimiser state
     sampler = algo._make_sampler(dataset)
     generator = torch.Generator().manual_seed(1)
@@ -111,15 +112,16 @@ def update_flops(name: str, dataset: Dataset, batch_size: int) -> float:
 
 
 def time_config(name: str, dataset: Dataset, batch_size: int, precision: str, compile_: bool, repeats: int,
-                warmup_chunks: int, reference: MatmulReference, flops: float, clock=time.perf_counter) -> dict:
+                warmup_chunks: int, reference: MatmulReference, flops: float, clock=time.perf_counter,
+                params: dict | None = None) -> dict:
     """Time `repeats` chunks of the real fit loop, each followed by a reference window of the same length.
 
     The roofline fraction is the median over chunks of (update FLOP/s in the chunk) / (reference FLOP/s
     in the window right after it), so both sides see the same machine load.
     """
     chunk = CHUNK[name]
-    algo = ALGORITHMS[name](hidden_dims=(256, 256), batch_size=batch_size, precision=precision, compile=compile_,
-                            device="cpu", random_state=0)
+    algo = ALGORITHMS[name](**{"hidden_dims": (256, 256), **(params or {})}, batch_size=batch_size,
+                            precision=precision, compile=compile_, device="cpu", random_state=0)
     times: list[float] = []
     ratios: list[float] = []
     state = {"t": None}
@@ -153,7 +155,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="wall: elapsed time (default); cpu: process CPU time, which with --threads 1 "
                              "is insensitive to other processes sharing the cores")
     parser.add_argument("--json", default=None, help="also write the results to this JSON file")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a hyper-parameter of the timed algorithms (YAML value), e.g. --set n_action_samples=5")
     args = parser.parse_args(argv)
+    import yaml
+
+    params = {}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep:
+            parser.error(f"--set {item!r}: use KEY=VALUE")
+        params[key.strip()] = yaml.safe_load(value)
     if args.threads:
         torch.set_num_threads(args.threads)
 
@@ -179,11 +191,11 @@ def main(argv: list[str] | None = None) -> int:
           f"{'GFLOP/s':>8} {'roofline':>8}")
     results = []
     for name in names:
-        flops = update_flops(name, dataset, args.batch_size)
+        flops = update_flops(name, dataset, args.batch_size, params)
         for compile_ in compiles:
             for precision in precisions:
                 timing = time_config(name, dataset, args.batch_size, precision, compile_, args.repeats, args.warmup,
-                                     reference, flops, clock)
+                                     reference, flops, clock, params)
                 row = {"algorithm": name, "precision": precision, "compile": compile_, "flops_per_update": flops,
                        **timing, "gflops": flops * timing["updates_per_s"] / 1e9}
                 results.append(row)
