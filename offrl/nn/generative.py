@@ -1,0 +1,249 @@
+"""The generative core of the diffusion and flow policies (Diffusion-QL, EDP, FQL, OFQL).
+
+Every model here generates an action conditioned on an observation, and
+every source of randomness is a `torch.Generator` argument, so an estimator
+seeded by its `random_state` samples the same actions on every run.
+
+- `sinusoidal_embedding` / `ConditionalMLP`: the denoiser or velocity
+  network a(s, x, t[, r]): observation, noisy action and one or two times.
+- `VPSchedule`: the variance-preserving DDPM schedule of Diffusion-QL,
+  epsilon prediction, `q_sample`, and the DDPM and DDIM samplers.
+- Flow matching (FQL's convention: x_t = (1 - t) z + t a, velocity a - z,
+  t = 0 is noise): `flow_matching_loss`, `euler_sample`, `midpoint_sample`.
+- Average velocity (MeanFlow, OFQL's convention: a_t = (1 - t) a + t eps,
+  v = eps - a, t = 1 is noise): u(a_t, r, t) is the mean velocity over
+  [r, t], learnt towards u_tgt = v - (t - r)(v . d_a u + d_t u), the total
+  derivative by one `torch.func.jvp`; one network evaluation gives an action,
+  a = eps - u(eps, 0, 1).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from offrl.nn import MLP, _activation
+
+__all__ = [
+    "sinusoidal_embedding",
+    "ConditionalMLP",
+    "VPSchedule",
+    "flow_matching_loss",
+    "euler_sample",
+    "midpoint_sample",
+    "meanflow_target",
+    "meanflow_loss",
+    "meanflow_sample",
+]
+
+
+def sinusoidal_embedding(t: torch.Tensor, dim: int, max_period: float = 10_000.0) -> torch.Tensor:
+    """(..., dim) features [sin(t w_k), cos(t w_k)], w_k = max_period^(-k / (dim/2)) (Transformer / DDPM style)."""
+    if dim < 2 or dim % 2:
+        raise ValueError(f"the time embedding's dim must be an even number >= 2, got {dim}")
+    half = dim // 2
+    dtype = t.dtype if t.is_floating_point() else torch.float32
+    freqs = torch.exp(-math.log(max_period) * torch.arange(half, dtype=dtype, device=t.device) / half)
+    angles = t.to(dtype).unsqueeze(-1) * freqs
+    return torch.cat([angles.sin(), angles.cos()], dim=-1)
+
+
+class ConditionalMLP(nn.Module):
+    """x_out = f(s, x, t_1..t_k): Diffusion-QL's denoiser (Mish MLP with a small time MLP on sinusoidal features).
+
+    `n_times` is 1 for DDPM and flow matching, 2 for the average velocity
+    u(x, r, t).  Times are floats: DDPM step indices or flow times in [0, 1]
+    (scaled by `time_scale` first, so that [0, 1] spans many periods).
+    """
+
+    def __init__(self, obs_dim: int, act_dim: int, hidden_dims: Sequence[int] = (256, 256, 256),
+                 time_dim: int = 16, n_times: int = 1, activation: str = "mish", time_scale: float = 1.0,
+                 layer_norm: bool = False) -> None:
+        super().__init__()
+        self.time_dim, self.n_times, self.time_scale = int(time_dim), int(n_times), float(time_scale)
+        self.time_mlp = nn.Sequential(nn.Linear(self.time_dim, 2 * self.time_dim), _activation(activation)(),
+                                      nn.Linear(2 * self.time_dim, self.time_dim))
+        self.net = MLP(obs_dim + act_dim + self.n_times * self.time_dim, act_dim, hidden_dims, activation=activation,
+                       layer_norm=layer_norm)
+
+    def forward(self, obs: torch.Tensor, x: torch.Tensor, *times: torch.Tensor) -> torch.Tensor:
+        if len(times) != self.n_times:
+            raise ValueError(f"this network takes {self.n_times} time input(s), got {len(times)}")
+        embedded = [self.time_mlp(sinusoidal_embedding(self.time_scale * t.reshape(x.shape[:-1]), self.time_dim))
+                    for t in times]
+        return self.net(torch.cat([x, *embedded, obs], dim=-1))
+
+
+# ---------------------------------------------------------------------- DDPM (epsilon prediction)
+class VPSchedule(nn.Module):
+    """Diffusion-QL's variance-preserving schedule with T steps (beta_min 0.1, beta_max 10).
+
+    alpha_t = exp(-b_min / T - (b_max - b_min)(2t - 1) / (2 T^2)), t = 1..T,
+    beta_t = 1 - alpha_t; buffers hold the cumulative products and the
+    posterior coefficients, so sampling is a handful of tensor ops per step.
+    """
+
+    def __init__(self, n_steps: int = 5, beta_min: float = 0.1, beta_max: float = 10.0) -> None:
+        super().__init__()
+        if int(n_steps) < 1:
+            raise ValueError(f"n_steps must be at least 1, got {n_steps}")
+        self.n_steps = int(n_steps)
+        t = np.arange(1, self.n_steps + 1, dtype=np.float64)
+        alphas = np.exp(-beta_min / self.n_steps - 0.5 * (beta_max - beta_min) * (2 * t - 1) / self.n_steps**2)
+        betas = 1.0 - alphas
+        cumprod = np.cumprod(alphas)
+        previous = np.append(1.0, cumprod[:-1])
+        variance = betas * (1.0 - previous) / (1.0 - cumprod)
+        buffers = {
+            "betas": betas, "alphas_cumprod": cumprod, "alphas_cumprod_prev": previous,
+            "sqrt_alphas_cumprod": np.sqrt(cumprod), "sqrt_one_minus_alphas_cumprod": np.sqrt(1.0 - cumprod),
+            "sqrt_recip_alphas_cumprod": np.sqrt(1.0 / cumprod), "sqrt_recipm1_alphas_cumprod": np.sqrt(1.0 / cumprod - 1),
+            "posterior_log_variance": np.log(np.maximum(variance, 1e-20)),
+            "posterior_mean_coef1": betas * np.sqrt(previous) / (1.0 - cumprod),
+            "posterior_mean_coef2": (1.0 - previous) * np.sqrt(alphas) / (1.0 - cumprod),
+        }
+        for name, value in buffers.items():
+            self.register_buffer(name, torch.as_tensor(value, dtype=torch.float32))
+
+    @staticmethod
+    def _at(values: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return values[t].unsqueeze(-1)
+
+    def q_sample(self, x0: torch.Tensor, t: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        """x_t = sqrt(abar_t) x0 + sqrt(1 - abar_t) eps (t: step indices 0..T-1)."""
+        return self._at(self.sqrt_alphas_cumprod, t) * x0 + self._at(self.sqrt_one_minus_alphas_cumprod, t) * noise
+
+    def predict_x0(self, x_t: torch.Tensor, t: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
+        """The clean action the noise prediction implies: (x_t - sqrt(1 - abar_t) eps) / sqrt(abar_t)."""
+        return self._at(self.sqrt_recip_alphas_cumprod, t) * x_t - self._at(self.sqrt_recipm1_alphas_cumprod, t) * eps
+
+    def loss(self, model: Callable[..., torch.Tensor], obs: torch.Tensor, actions: torch.Tensor,
+             generator: torch.Generator | None = None) -> torch.Tensor:
+        """Epsilon-prediction BC loss E |eps - eps_theta(s, x_t, t)|^2 with t uniform over the steps."""
+        t = torch.randint(self.n_steps, (len(actions),), device=actions.device, generator=generator)
+        noise = torch.randn(actions.shape, device=actions.device, generator=generator)
+        return ((model(obs, self.q_sample(actions, t, noise), t.float()) - noise) ** 2).mean()
+
+    def sample(self, model: Callable[..., torch.Tensor], obs: torch.Tensor, act_dim: int,
+               generator: torch.Generator | None = None, method: str = "ddpm", clip: float | None = 1.0,
+               noise: torch.Tensor | None = None) -> torch.Tensor:
+        """Actions by the reverse chain from N(0, I): "ddpm" (ancestral) or "ddim" (deterministic, eta = 0).
+
+        Gradients flow through the chain (Diffusion-QL's actor loss needs
+        them).  `clip` bounds each step's predicted clean action, as the
+        official code does for a [-1, 1] action box; `noise` fixes the start.
+        """
+        if method not in ("ddpm", "ddim"):
+            raise ValueError(f"method must be 'ddpm' or 'ddim', got {method!r}")
+        shape = (len(obs), act_dim)
+        x = torch.randn(shape, device=obs.device, generator=generator) if noise is None else noise
+        for step in reversed(range(self.n_steps)):
+            t = torch.full((len(obs),), step, device=obs.device, dtype=torch.long)
+            eps = model(obs, x, t.float())
+            x0 = self.predict_x0(x, t, eps)
+            if clip is not None:
+                x0 = x0.clamp(-clip, clip)
+            if method == "ddim":
+                previous = self._at(self.alphas_cumprod_prev, t)
+                # the noise the clipped x0 implies, so that a clipped step stays on the same DDIM path
+                eps = (x - self._at(self.sqrt_alphas_cumprod, t) * x0) / self._at(self.sqrt_one_minus_alphas_cumprod, t)
+                x = previous.sqrt() * x0 + (1.0 - previous).sqrt() * eps
+            else:
+                mean = self._at(self.posterior_mean_coef1, t) * x0 + self._at(self.posterior_mean_coef2, t) * x
+                if step > 0:
+                    z = torch.randn(shape, device=obs.device, generator=generator)
+                    x = mean + (0.5 * self._at(self.posterior_log_variance, t)).exp() * z
+                else:
+                    x = mean
+        return x
+
+
+# ---------------------------------------------------------------------- flow matching (t = 0 noise, t = 1 data)
+def flow_matching_loss(model: Callable[..., torch.Tensor], obs: torch.Tensor, actions: torch.Tensor,
+                       generator: torch.Generator | None = None) -> torch.Tensor:
+    """FQL's BC loss E |v(s, x_t, t) - (a - z)|^2, x_t = (1 - t) z + t a, t ~ U[0, 1], z ~ N(0, I)."""
+    z = torch.randn(actions.shape, device=actions.device, generator=generator)
+    t = torch.rand((len(actions), 1), device=actions.device, generator=generator)
+    x_t = (1.0 - t) * z + t * actions
+    return ((model(obs, x_t, t) - (actions - z)) ** 2).mean()
+
+
+def _flow_start(obs: torch.Tensor, act_dim: int, generator: torch.Generator | None,
+                noise: torch.Tensor | None) -> torch.Tensor:
+    return torch.randn((len(obs), act_dim), device=obs.device, generator=generator) if noise is None else noise
+
+
+def euler_sample(model: Callable[..., torch.Tensor], obs: torch.Tensor, act_dim: int, n_steps: int = 10,
+                 generator: torch.Generator | None = None, noise: torch.Tensor | None = None) -> torch.Tensor:
+    """Integrate dx/dt = v(s, x, t) from noise at t = 0 to t = 1 with `n_steps` Euler steps."""
+    x = _flow_start(obs, act_dim, generator, noise)
+    dt = 1.0 / n_steps
+    for k in range(n_steps):
+        t = torch.full((len(obs), 1), k * dt, device=obs.device)
+        x = x + dt * model(obs, x, t)
+    return x
+
+
+def midpoint_sample(model: Callable[..., torch.Tensor], obs: torch.Tensor, act_dim: int, n_steps: int = 5,
+                    generator: torch.Generator | None = None, noise: torch.Tensor | None = None) -> torch.Tensor:
+    """The same ODE with the explicit midpoint rule (second order, two evaluations per step)."""
+    x = _flow_start(obs, act_dim, generator, noise)
+    dt = 1.0 / n_steps
+    for k in range(n_steps):
+        t = torch.full((len(obs), 1), k * dt, device=obs.device)
+        half = x + 0.5 * dt * model(obs, x, t)
+        x = x + dt * model(obs, half, t + 0.5 * dt)
+    return x
+
+
+# ---------------------------------------------------------------------- average velocity (t = 0 data, t = 1 noise)
+def meanflow_target(model: Callable[..., torch.Tensor], obs: torch.Tensor, x_t: torch.Tensor, r: torch.Tensor,
+                    t: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(u, u_tgt): u(s, x_t, r, t) and its MeanFlow target v - (t - r) du/dt, detached.
+
+    du/dt is the total derivative along the path, v . d_x u + d_t u (r held
+    fixed): one forward-mode `torch.func.jvp` with tangents (v, 0, 1), which
+    also returns u itself, so the loss needs no second forward pass.
+    """
+    def u(x: torch.Tensor, r_: torch.Tensor, t_: torch.Tensor) -> torch.Tensor:
+        return model(obs, x, r_, t_)
+
+    value, dudt = torch.func.jvp(u, (x_t, r, t), (v, torch.zeros_like(r), torch.ones_like(t)))
+    return value, (v - (t - r) * dudt).detach()
+
+
+def meanflow_loss(model: Callable[..., torch.Tensor], obs: torch.Tensor, actions: torch.Tensor,
+                  generator: torch.Generator | None = None, flow_ratio: float = 0.5, mu: float = -0.4,
+                  sigma: float = 1.0) -> torch.Tensor:
+    """OFQL's BC loss E |u(s, a_t, r, t) - sg(u_tgt)|^2.
+
+    a_t = (1 - t) a + t eps, v = eps - a; (t, r) are two logit-normal(mu,
+    sigma) draws ordered so that r <= t, and with probability `flow_ratio`
+    r = t (plain flow matching, where the target is v).
+    """
+    n = len(actions)
+    eps = torch.randn(actions.shape, device=actions.device, generator=generator)
+    times = torch.sigmoid(mu + sigma * torch.randn((n, 2), device=actions.device, generator=generator))
+    t, r = times.max(dim=1, keepdim=True).values, times.min(dim=1, keepdim=True).values
+    same = torch.rand((n, 1), device=actions.device, generator=generator) < flow_ratio
+    r = torch.where(same, t, r)
+    x_t = (1.0 - t) * actions + t * eps
+    u, target = meanflow_target(model, obs, x_t, r, t, eps - actions)
+    return ((u - target) ** 2).mean()
+
+
+def meanflow_sample(model: Callable[..., torch.Tensor], obs: torch.Tensor, act_dim: int,
+                    generator: torch.Generator | None = None, noise: torch.Tensor | None = None,
+                    n_steps: int = 1) -> torch.Tensor:
+    """Actions in `n_steps` average-velocity jumps from noise at t = 1 (one step: a = eps - u(eps, 0, 1))."""
+    x = _flow_start(obs, act_dim, generator, noise)
+    edges = torch.linspace(1.0, 0.0, n_steps + 1, device=obs.device)
+    for k in range(n_steps):
+        t = torch.full((len(obs), 1), float(edges[k]), device=obs.device)
+        r = torch.full((len(obs), 1), float(edges[k + 1]), device=obs.device)
+        x = x - (t - r) * model(obs, x, r, t)
+    return x
