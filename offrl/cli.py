@@ -72,7 +72,7 @@ def _device(text: str) -> str:
     from offrl.algos.params import device_name
 
     rule = device_name()
-    if not rule.accepts(text):
+    if not rule.ok(text):
         raise argparse.ArgumentTypeError(f"must be {rule.allowed}, got {text!r}")
     if text.startswith("cuda"):
         import torch
@@ -313,7 +313,7 @@ def _check_settings(cls: type, settings: list[tuple[str, Any]]) -> dict[str, Any
             names = ", ".join(sorted(set(valid) - set(_OPTION_PARAMS)))
             raise ValueError(f"--set {key}: {cls.__name__} has no hyper-parameter {key!r}; valid ones: {names}")
         rule = rules.get(key)
-        if rule is not None and not rule.accepts(value):
+        if rule is not None and not rule.ok(value):
             raise ValueError(f"--set {key}={value!r}: {cls.__name__}'s {key} must be {rule.allowed}")
         out[key] = value
     return out

@@ -304,7 +304,7 @@ def parse_config(
 
     device = raw.get("device", "cpu")
     rule = device_name()
-    if not rule.accepts(device):
+    if not rule.ok(device):
         raise fail("device", f"device must be {rule.allowed}, got {device!r}")
     return SweepConfig(
         presets=presets,
@@ -361,7 +361,7 @@ def _parse_datasets(value: Any, fail: Any, check: bool) -> list[dict[str, Any]]:
                 raise fail(f"{key}.build.{sorted(map(str, bad))[0]}",
                            f"unknown build option; allowed: {sorted(_BUILD_OPTIONS)}")
             for option, rule in _build_option_rules().items():
-                if option in build and not rule.accepts(build[option]):
+                if option in build and not rule.ok(build[option]):
                     raise fail(f"{key}.build.{option}", f"{option} must be {rule.allowed}, got {build[option]!r}")
             options, build = dict(build), True
         elif not isinstance(build, bool):

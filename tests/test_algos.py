@@ -309,3 +309,14 @@ def test_antmaze_presets_use_the_reference_configs_deeper_critics():
     for cls in ALGORITHMS:  # every preset names real hyper-parameters
         for name in ("antmaze-umaze-v2", "pen-human-v1", "kitchen-mixed-v0"):
             cls.from_preset(name)
+
+
+def test_review_fixes_in_parameter_rules():
+    import torch as _torch
+
+    from offrl.algos.params import InvalidParameterError
+
+    IQL(device=_torch.device("cpu")).check_params()  # a torch.device is a device
+    with pytest.raises(InvalidParameterError, match="needs gamma < 1"):
+        CalQL(sparse_rewards=True, gamma=1.0).check_params()  # was: ZeroDivisionError in the MC returns
+    CalQL(sparse_rewards=False, gamma=1.0).check_params()

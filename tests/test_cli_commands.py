@@ -248,6 +248,7 @@ BAD = [
     ("train iql {tmp}/data.txt", "use 'd4rl:<name>', 'minari:<dataset id>'"),
     ("train iql {data} --set expectile=1.5", "IQL's expectile must be a real number in (0, 1)"),
     ("train iql {data} --set batch_size=2.5", "batch_size must be an integer >= 1"),
+    ("train iql {data} --set expectile=1" + "0" * 400, "expectile must be a real number in (0, 1)"),  # was OverflowError
     ("train iql {data} --set expectiles=0.8", "no hyper-parameter 'expectiles'; valid ones: actor_lr"),
     ("train iql {data} --set expectile", "takes KEY=VALUE"),
     ("train iql {data} --set n_steps=10", "n_steps is set with --steps"),

@@ -501,3 +501,13 @@ def test_samplers_refuse_a_bad_batch_size(batch_size):
         MixtureSampler([TransitionSampler.from_dataset(ds, 4)], [1.0], batch_size)
     with pytest.raises(ValueError, match="SegmentSampler batch_size must be a positive integer"):
         SegmentSampler.from_dataset(ds, batch_size, 2)
+
+
+def test_from_pandas_reads_steps_beyond_float32_exactly():
+    import pandas as pd
+
+    n = 4
+    df = pd.DataFrame({"obs_0": np.arange(n, dtype=float), "action_0": np.zeros(n), "reward": np.zeros(n),
+                       "terminal": [0, 0, 0, 1], "timeout": np.zeros(n), "episode_id": np.zeros(n, int),
+                       "step": np.arange(n) + 2**24 + 1})  # float32 would merge 16777217 and 16777218
+    assert Dataset.from_pandas(df).n_transitions == n  # was: "steps must be consecutive"

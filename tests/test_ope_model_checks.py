@@ -125,3 +125,31 @@ def test_fqe_hoeffding_interval_contains_one_step_values():
               device="cpu", random_state=0)
     result = fqe.fit(ds, policy=_constant(0.5, "good")).estimate(ds)
     assert 1.0 < result.value < 2.0 and result.ci_low <= result.value <= result.ci_high
+
+
+def test_reward_bounds_tolerate_float32_rewards():
+    from offrl.ope.results import reward_range
+
+    # 0.1 is stored as 0.10000000149 in a float32 reward column; a bound of 0.1 still holds
+    low, high, source = reward_range((0.0, 0.1), np.float32([0.0, 0.1, 0.05]))
+    assert (low, source) == (0.0, "given") and high >= np.float32(0.1)
+    with pytest.raises(ValueError, match="reward_bound"):
+        reward_range((0.0, 0.09), np.float32([0.0, 0.1]))
+
+
+def test_a_column_without_weight_keeps_the_estimate_inside_its_interval():
+    from offrl.ope.results import ColumnRanges, ratio_concentration_interval
+
+    low, high = ratio_concentration_interval(np.zeros(50), np.zeros(50),
+                                             ColumnRanges(np.array([1.0]), np.array([2.0]), np.array([5.0])))
+    assert low <= 0.0 <= high  # the estimate counts such a column as 0
+
+
+def test_model_predictions_never_make_a_guaranteed_interval():
+    ds = _bandit_like()
+    ds = ds.with_rewards(np.clip(ds.rewards, 0.0, 1.0))
+    common = dict(interval="hoeffding", reward_bound=(0.0, 1.0), device="cpu")
+    fqe = FQE(hidden_dims=(8,), n_critics=1, n_steps=5, batch_size=32, random_state=0, **common)
+    mb = ModelBased(n_models=1, hidden_dims=(8,), n_steps=5, horizon=3, **common)
+    for result in (fqe.fit(ds, policy=_constant(0.5, "p")).estimate(ds), mb.estimate(ds, _constant(0.5, "p"))):
+        assert result.diagnostics["interval_guaranteed"] is False, result.method

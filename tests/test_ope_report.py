@@ -221,3 +221,6 @@ def test_evaluate_passes_weight_bound_and_knows_class_names():
     assert "weight_bound_source" in given.to_frame().columns
     with pytest.raises(ValueError, match="unknown estimator"):
         evaluate({"p": target}, ds, estimators=["NoSuchEstimator"], gamma=GAMMA)
+    by_class = evaluate({"p": target}, ds, estimators=["ModelBased"], gamma=GAMMA, horizon=3,
+                        mb_params={"n_models": 2, "n_steps": 3, "hidden_dims": (8,)})
+    assert len(by_class.results["p"]["MB"].diagnostics["member_values"]) == 2  # mb_params reached it

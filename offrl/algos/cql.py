@@ -36,7 +36,7 @@ import torch
 from torch.func import functional_call
 
 from offrl.algos.base import OfflineAlgorithm, make_adam
-from offrl.algos.params import any_of, boolean, choice, integer, layer_sizes, real
+from offrl.algos.params import InvalidParameterError, any_of, boolean, choice, integer, layer_sizes, real
 from offrl.algos.losses import LearnedScale, critic_td_loss, sac_actor_loss, temperature_loss
 from offrl.datasets.core import Batch, Dataset
 from offrl.nn import QEnsemble, TanhGaussianPolicy, soft_update_
@@ -70,6 +70,8 @@ def calql_mc_returns(dataset: Dataset, rewards: np.ndarray, gamma: float, sparse
     Monte-Carlo returns.
     """
     returns = dataset.with_rewards(rewards).returns_to_go(gamma).astype(np.float32)
+    if sparse_rewards and gamma >= 1.0:
+        raise ValueError(f"the failure value r_min / (1 - gamma) of sparse rewards needs gamma < 1, got {gamma}")
     if sparse_rewards:
         r_min = rewards.min()
         n_better = np.add.reduceat((rewards != r_min).astype(np.int64), dataset.episode_starts[:-1])
@@ -303,6 +305,12 @@ class CalQL(CQL):
     """
 
     _param_rules = {"sparse_rewards": boolean()}
+
+    def check_params(self) -> None:
+        super().check_params()
+        if self.sparse_rewards and self.gamma >= 1.0:
+            raise InvalidParameterError("CalQL: sparse_rewards values a failed episode at r_min / (1 - gamma), which "
+                                        f"needs gamma < 1, got gamma={self.gamma}; lower gamma or set sparse_rewards=False")
 
     def __init__(self, *, sparse_rewards: bool = False, **cql_params: Any) -> None:
         super().__init__(**cql_params)

@@ -32,12 +32,15 @@ class Rule:
     accepts: Callable[[Any], bool]
     allowed: str
 
-    def check(self, owner: str, name: str, value: Any) -> None:
+    def ok(self, value: Any) -> bool:
+        """Whether `value` is allowed (a value the test cannot even examine, e.g. a huge int, is not)."""
         try:
-            ok = bool(self.accepts(value))
+            return bool(self.accepts(value))
         except (TypeError, ValueError, OverflowError):
-            ok = False
-        if not ok:
+            return False
+
+    def check(self, owner: str, name: str, value: Any) -> None:
+        if not self.ok(value):
             raise InvalidParameterError(f"{owner}: {name} must be {self.allowed}, got {value!r}; fix it in the "
                                         "constructor call or the sweep config")
 
@@ -135,7 +138,11 @@ _DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 
 
 def device_name() -> Rule:
-    return Rule(lambda value: isinstance(value, str) and _DEVICE.fullmatch(value) is not None,
+    """A device name ('auto', 'cpu', 'cuda', 'cuda:N', 'mps') or a torch.device."""
+    import torch
+
+    return Rule(lambda value: isinstance(value, torch.device)
+                or (isinstance(value, str) and _DEVICE.fullmatch(value) is not None),
                 "'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'")
 
 

@@ -1399,7 +1399,8 @@ def _frame_values(df: Any, cols: list[str], kind: str, dtype: Any) -> np.ndarray
 def _check_steps_in_order(df: Any, step_column: str, starts: np.ndarray | None, terminal_column: str,
                           timeout_column: str, consecutive: bool) -> None:
     """A DataFrame's steps increase within each episode (by exactly 1 when next observations come from the next row)."""
-    steps = _as_float32(f"column {step_column!r}", df[step_column].to_numpy(), 1).astype(np.float64)
+    _as_float32(f"column {step_column!r}", df[step_column].to_numpy(), 1)  # numeric and one-dimensional
+    steps = np.asarray(df[step_column].to_numpy(), np.float64).reshape(-1)  # float64: exact for steps beyond 2**24
     _check_finite(f"column {step_column!r}", steps)
     n = len(steps)
     if starts is None:  # episodes end at the flags, as from_arrays splits them

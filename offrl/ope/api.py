@@ -40,16 +40,21 @@ ESTIMATORS = {
 DEFAULT_ESTIMATORS = ("FQE", "IS", "PDIS", "WIS", "WPDIS", "DR", "WDR")
 
 
-def make_estimator(name: str, **params: Any) -> Any:
-    """An episodic estimator by short name (FQE, IS, PDIS, WIS, WPDIS, DR, WDR, MB) or class name
-    (e.g. "PerDecisionIS", "DoublyRobust"), case-insensitive."""
+def estimator_key(name: str) -> str:
+    """The short name (a key of ESTIMATORS) of an estimator given by short or class name, case-insensitive."""
     names = {k.lower(): k for k in ESTIMATORS}
     names.update({cls.__name__.lower(): k for k, cls in ESTIMATORS.items()})
     key = names.get(str(name).lower())
     if key is None:
         raise ValueError(f"unknown estimator {name!r}; choose from {list(ESTIMATORS)} (or their class names, "
                          f"{[cls.__name__ for cls in ESTIMATORS.values()]})")
-    cls = ESTIMATORS[key]
+    return key
+
+
+def make_estimator(name: str, **params: Any) -> Any:
+    """An episodic estimator by short name (FQE, IS, PDIS, WIS, WPDIS, DR, WDR, MB) or class name
+    (e.g. "PerDecisionIS", "DoublyRobust"), case-insensitive."""
+    cls = ESTIMATORS[estimator_key(name)]
     valid = cls().get_params()
     return cls(**{k: v for k, v in params.items() if k in valid})
 
@@ -127,7 +132,8 @@ def evaluate(
     ests: list[Any] = []
     for spec in (DEFAULT_ESTIMATORS if estimators is None else estimators):
         if isinstance(spec, str):
-            extra = dict(fqe_params or {}) if spec.upper() == "FQE" else dict(mb_params or {}) if spec.upper() == "MB" else {}
+            key = estimator_key(spec)
+            extra = dict(fqe_params or {}) if key == "FQE" else dict(mb_params or {}) if key == "MB" else {}
             est = make_estimator(spec, **{**common, **extra})
         else:
             est = sklearn.base.clone(spec)

@@ -410,7 +410,7 @@ class DirectMethod(_BanditEstimator):
         return RatioComponents(d["dm"])
 
     def _support_diagnostics(self, d: dict[str, Any]) -> dict[str, Any]:
-        return {}
+        return {"model_based_terms": True}  # the terms are the reward model's predictions
 
 
 class DR(IPW):

@@ -102,7 +102,7 @@ class FQE(OfflineAlgorithm):
     supports_discrete_actions = True
     name = "FQE"
     _param_rules = {
-        "horizon": integer(1, none=True), "n_critics": integer(1), "bootstrap": boolean(), "layer_norm": boolean(),
+        "gamma": real(0, 1, closed="right"), "horizon": integer(1, none=True), "n_critics": integer(1), "bootstrap": boolean(), "layer_norm": boolean(),
         "lr_decay": boolean(), "clip_targets": boolean(), "n_action_samples": integer(1),
         "interval": choice(*INTERVALS), "alpha": real(0, 1, closed="neither"), "n_bootstrap": integer(1),
         "reward_bound": interval_pair(),
@@ -407,6 +407,7 @@ class FQE(OfflineAlgorithm):
             "horizon": h,
             "gamma": gamma,
             "target_policy": self._target.kind if getattr(self, "_target", None) is not None else "given",
+            "model_based_terms": True,
             "estimand": (f"discounted return over the first {h} steps" if h is not None
                          else "infinite-horizon discounted value (bootstraps through time-limit cuts)"),
         }

@@ -57,7 +57,7 @@ class ModelBased(sklearn.base.BaseEstimator):
 
     name = "MB"
     _param_rules = {
-        "gamma": real(0, 1), "horizon": integer(1, none=True), "n_models": integer(1), "hidden_dims": layer_sizes(),
+        "gamma": real(0, 1, closed="right"), "horizon": integer(1, none=True), "n_models": integer(1), "hidden_dims": layer_sizes(),
         "n_steps": integer(0), "batch_size": integer(1), "lr": real(0, None, closed="neither"),
         "sample_noise": boolean(), "interval": choice(*INTERVALS), "alpha": real(0, 1, closed="neither"),
         "n_bootstrap": integer(1), "reward_bound": interval_pair(), "device": device_name(), "random_state": seed(),
@@ -227,6 +227,7 @@ class ModelBased(sklearn.base.BaseEstimator):
         k = len(member_values)
         ensemble_std = float(member_values.std(ddof=1)) if k > 1 else 0.0
         diag = {"member_values": member_values.tolist(), "ensemble_std": ensemble_std, "horizon": horizon,
+                "model_based_terms": True,
                 "gamma": gamma, "model_loss": getattr(self, "final_loss_", math.nan)}
         scale = float(sum(gamma ** t for t in range(horizon)))
         result = make_result(RatioComponents(per_episode), self.name, interval=self.interval, alpha=self.alpha,

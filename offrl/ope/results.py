@@ -356,8 +356,11 @@ def ratio_concentration_interval(
             d_lo, d_hi = _mean_bounds(d, method, alpha / (2 * k), w_max)
             lo = a + max(n_lo, 0.0) / d_hi if d_hi > 0 else a
             hi = a + n_hi / d_lo if d_lo > 0 else b
-        total_low += min(max(lo, a), b)
-        total_high += max(min(hi, b), a)
+        lo, hi = min(max(lo, a), b), max(min(hi, b), a)
+        if den is not None and not den[:, col].any():  # the estimate counts a column without weight as 0
+            lo, hi = min(lo, 0.0), max(hi, 0.0)
+        total_low += lo
+        total_high += hi
     return total_low, total_high
 
 
@@ -374,9 +377,13 @@ def reward_range(reward_bound: Sequence[float] | None, rewards: Any) -> tuple[fl
         raise ValueError(f"reward_bound must be (r_min, r_max), got {reward_bound!r}") from None
     if not (math.isfinite(low) and math.isfinite(high)) or high < low:
         raise ValueError(f"reward_bound must be finite (r_min, r_max) with r_min <= r_max, got {tuple(reward_bound)}")
-    if len(r) and (r.min() < low or r.max() > high):
+    # rewards are stored as float32: 0.1 is kept as 0.10000000149, which must not break a bound of 0.1
+    tolerance = 1e-6 * max(1.0, abs(low), abs(high))
+    if len(r) and (r.min() < low - tolerance or r.max() > high + tolerance):
         raise ValueError(f"reward_bound={tuple(reward_bound)} but the logged rewards range over "
-                         f"[{r.min():.6g}, {r.max():.6g}]; pass a reward_bound that holds for every reward")
+                         f"[{r.min():.9g}, {r.max():.9g}]; pass a reward_bound that holds for every reward")
+    if len(r):
+        low, high = min(low, float(r.min())), max(high, float(r.max()))
     return low, high, "given"
 
 
@@ -543,7 +550,9 @@ def make_result(
             diag["interval_note"] = "linearised self-normalised estimator"
     if interval in CONCENTRATION:
         observed = {OBSERVED_WEIGHTS, OBSERVED_REWARDS, OBSERVED_Q}
-        diag["interval_guaranteed"] = "bound_source" not in diag and not any(
+        # terms that are a model's predictions (FQE, model-based, the direct method) are not checked against the
+        # reward bound, and their interval covers only the sampling of start states: never guaranteed
+        diag["interval_guaranteed"] = "bound_source" not in diag and not diag.get("model_based_terms") and not any(
             diag.get(key) in observed for key in ("weight_bound_source", "reward_bound_source", "q_range_source"))
     if ratio and float(diag.get("ess", math.inf)) < 2.0:
         # one episode carries all the weight: a self-normalised estimate then has no usable spread
