@@ -2,8 +2,7 @@
 
 Every command turns a user error (a missing or damaged file, an unknown name, a
 value out of range) into one line on stderr that says what to do, and exit
-status 2: `offrl train: error: ...` (train, evaluate, export, datasets convert;
-the older commands say `offrl: error: ...`).  A command's usage errors are one
+status 2: `offrl <command>: error: ...` (e.g. `offrl datasets info: error: ...`).  A command's usage errors are one
 line too, and its `--help` ends with an example.
 """
 
@@ -631,11 +630,10 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     def command(group: Any, name: str, func: Callable[[argparse.Namespace], int], example: Sequence[str],
-                one_line_errors: bool = False, **kwargs: Any) -> argparse.ArgumentParser:
+                **kwargs: Any) -> argparse.ArgumentParser:
         sub = group.add_parser(name, epilog=_example(*example), **kwargs)
         sub.set_defaults(func=func, command_parser=sub)
-        if one_line_errors:  # the commands written with this convention; the older ones say `offrl: error:`
-            sub.set_defaults(error_prefix=sub.prog)
+        sub.set_defaults(error_prefix=sub.prog)  # errors say which command they come from
         return sub
 
     datasets = commands.add_parser("datasets", help="inspect, build, list and convert datasets", group=True,
@@ -672,7 +670,7 @@ def build_parser() -> argparse.ArgumentParser:
         datasets_commands, "convert", _datasets_convert,
         ["offrl datasets convert d4rl:hopper-medium-v2 --to minari offrl/hopper-medium-v0",
          "offrl datasets convert minari:offrl/hopper-medium-v0 --to npz hopper-medium.npz"],
-        one_line_errors=True, help="write a dataset as a Minari dataset (or an .npz file)",
+        help="write a dataset as a Minari dataset (or an .npz file)",
         description="Load SPEC and write it in another format: a Minari dataset NAME (under $MINARI_DATASETS_PATH, "
                     "default ~/.minari/datasets), or an .npz file (Dataset.save) at the path NAME.")
     convert.add_argument("spec", help=_SPEC_HELP)
@@ -696,7 +694,7 @@ def build_parser() -> argparse.ArgumentParser:
         commands, "train", _train,
         ["offrl train iql d4rl:hopper-medium-v2 --steps 100000 --set expectile=0.8 --out runs/iql-hopper",
          "offrl train iql d4rl:hopper-medium-v2 --steps 100000 --set expectile=0.8 --out runs/iql-hopper --resume"],
-        one_line_errors=True, help="train one algorithm on one dataset (logs, checkpoint, model file)",
+        help="train one algorithm on one dataset (logs, checkpoint, model file)",
         description="Train ALGO on DATASET. --out receives train.csv and eval.csv (losses and evaluations), "
                     "checkpoint.pt (every --checkpoint-every steps; --resume continues from it exactly), "
                     f"model.pt (offrl.load reads it) and {_TRAIN_CONFIG} (the settings --resume checks).")
@@ -732,7 +730,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     evaluate = command(
         commands, "evaluate", _evaluate, ["offrl evaluate runs/iql-hopper/model.pt --env Hopper-v5 --episodes 20"],
-        one_line_errors=True, help="roll a saved model out: mean return and normalised score",
+        help="roll a saved model out: mean return and normalised score",
         description="Roll the deterministic policy of MODEL (a model file or pipeline written by offrl.save or "
                     "`offrl train`) out for --episodes episodes, episode i reset with seed --seed + i.")
     evaluate.add_argument("model", help="a model file (model.pt of `offrl train`, estimator.save, offrl.save)")
@@ -746,7 +744,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     export = command(
         commands, "export", _export, ["offrl export runs/iql-hopper/model.pt iql-hopper.ts"],
-        one_line_errors=True, help="write a saved model's policy as TorchScript (runs without offrl)",
+        help="write a saved model's policy as TorchScript (runs without offrl)",
         description="Write the deterministic policy of MODEL as a TorchScript file mapping a batch of raw "
                     "observations to actions; torch.jit.load reads it, with no offrl installed.")
     export.add_argument("model", help="a model file (model.pt of `offrl train`, estimator.save, offrl.save)")
@@ -770,7 +768,7 @@ def build_parser() -> argparse.ArgumentParser:
     from offrl.ope.cli import add_ope_parser
 
     ope = add_ope_parser(commands)
-    ope.set_defaults(command_parser=ope)
+    ope.set_defaults(command_parser=ope, error_prefix=ope.prog)
     ope.epilog = _example("offrl ope --dataset offrl:pendulum-medium-v1 --policy iql=runs/iql/model.pt "
                           "--env Pendulum-v1 --true-values --out ope-results")
     return parser

@@ -78,13 +78,13 @@ def test_bad_spec_exits_2_with_message(spec, message, capsys, isolated_d4rl_dirs
     assert main(["datasets", "info", spec]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
-    assert captured.err.startswith("offrl: error: ") and message in captured.err
+    assert captured.err.startswith("offrl datasets info: error: ") and message in captured.err
 
 
 def test_corrupt_hdf5_exits_2(tmp_path, capsys):
     (tmp_path / "broken.hdf5").write_bytes(b"this is not an HDF5 file")
     assert main(["datasets", "info", str(tmp_path / "broken.hdf5")]) == 2
-    assert "offrl: error:" in capsys.readouterr().err
+    assert "offrl datasets info: error:" in capsys.readouterr().err
 
 
 def test_usage_errors_exit_2(capsys):
@@ -106,7 +106,7 @@ def test_console_script(d4rl_replay_file, isolated_d4rl_dirs):
     assert rows["behaviour log-probs"] == "present"
     assert rows["normalised score"].startswith("mean ")
     bad = subprocess.run([script, "datasets", "info", "nope.txt"], capture_output=True, text=True, env=env, timeout=120)
-    assert bad.returncode == 2 and "offrl: error: cannot load 'nope.txt'" in bad.stderr
+    assert bad.returncode == 2 and "offrl datasets info: error: cannot load 'nope.txt'" in bad.stderr
 
 
 def test_list_and_info_of_built_datasets(tmp_path, capsys, monkeypatch):
@@ -143,7 +143,7 @@ def test_list_and_info_of_built_datasets(tmp_path, capsys, monkeypatch):
 
 def test_build_with_bad_input_exits_2(tmp_path, capsys):
     assert main(["datasets", "build", "cheetah-medium-v5", "--data-dir", str(tmp_path)]) == 2
-    assert "offrl: error: unknown environment 'cheetah'" in capsys.readouterr().err
+    assert "offrl datasets build: error: unknown environment 'cheetah'" in capsys.readouterr().err
     assert main(["datasets", "build", "pendulum-medium-v1", "--sac-steps", "3000", "--data-dir", str(tmp_path)]) == 2
     assert "too small to reach a medium policy" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())
