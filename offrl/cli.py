@@ -9,6 +9,7 @@ line too, and its `--help` ends with an example.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -507,11 +508,10 @@ def _evaluate(args: argparse.Namespace) -> int:
     finally:
         env.close()
     if "normalized_score_mean" not in result:
-        try:  # the model's dataset is a D4RL one by name
+        # the model's dataset may be a D4RL one by name; without reference scores there is no normalised score
+        with contextlib.suppress(ValueError):
             scores = normalized_score(spec, result["returns"])
             result["normalized_score_mean"], result["normalized_score_std"] = float(scores.mean()), float(scores.std())
-        except ValueError:
-            pass
     if args.json:
         print(json.dumps({"model": args.model, "env": env_id, "seed": args.seed, **result}))
         return 0

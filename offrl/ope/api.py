@@ -176,8 +176,6 @@ def evaluate(
                 per_policy[name] = model.estimate(dataset, policy)
             else:
                 per_policy[name] = est.estimate(dataset, policy)
-            if isinstance(est, (_ISFamily, _DRFamily)) and ratios is not None:
-                per_policy[name].diagnostics.update(ratios.behavior_diagnostics)
         texts = [f"{name}: {r.diagnostics['warning']}" for name, r in per_policy.items() if "warning" in r.diagnostics]
         if texts:
             more = f" (and warnings from {len(texts) - 1} more estimators; see the report)" if len(texts) > 1 else ""

@@ -941,12 +941,10 @@ def logged_value(dataset: Any, gamma: float, horizon: int | None = None) -> floa
 
     gamma = check_gamma(gamma)
     horizon = check_horizon(horizon)
-    starts = np.asarray(dataset.episode_starts)
-    rewards = np.asarray(dataset.rewards, np.float64)
-    values = []
-    for start, end in zip(starts[:-1], starts[1:]):
-        r = rewards[start:end] if horizon is None else rewards[start:min(end, start + horizon)]
-        values.append(float(np.sum(r * gamma ** np.arange(len(r)))))
-    if not values:
+    if dataset.n_episodes == 0:
         raise ValueError("the dataset has no episodes")
-    return float(np.mean(values))
+    t = dataset.timesteps()  # step within the episode, the Dataset's one place for it
+    discounted = np.asarray(dataset.rewards, np.float64) * gamma ** t.astype(np.float64)
+    if horizon is not None:
+        discounted = np.where(t < horizon, discounted, 0.0)
+    return float(np.add.reduceat(discounted, np.asarray(dataset.episode_starts[:-1])).mean())
