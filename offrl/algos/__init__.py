@@ -12,6 +12,10 @@ _ALGORITHMS = {
     "CQL": "offrl.algos.cql",
     "CalQL": "offrl.algos.cql",
     "SAC": "offrl.algos.sac",
+    "DiffusionQL": "offrl.algos.diffusion_ql",
+    "EDP": "offrl.algos.diffusion_ql",
+    "FQL": "offrl.algos.flow_ql",
+    "OFQL": "offrl.algos.flow_ql",
     "OfflineAlgorithm": "offrl.algos.base",
     "BaseEstimator": "offrl.algos.base",
 }

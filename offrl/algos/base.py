@@ -327,12 +327,15 @@ class BaseEstimator(sklearn.base.BaseEstimator):
         self._check_fitted()
         save_model(self, path)
 
-    def export_policy(self, path: str | os.PathLike) -> None:
-        """Write a TorchScript module mapping raw observations to deterministic actions (no offrl needed)."""
+    def export_policy(self, path: str | os.PathLike, **options: Any) -> None:
+        """Write a TorchScript module mapping raw observations to deterministic actions (no offrl needed).
+
+        `options` go to the algorithm's exporter (FQL: `policy="flow"` exports the multi-step flow).
+        """
         import copy
 
         self._check_fitted()
-        module = copy.deepcopy(_ExportedPolicy(self.obs_normalizer_, self._export_actor())).to("cpu").eval()
+        module = copy.deepcopy(_ExportedPolicy(self.obs_normalizer_, self._export_actor(**options))).to("cpu").eval()
         module.requires_grad_(False)
         example = torch.zeros(1, self.spec_["observation_dim"])
         with torch.no_grad(), warnings.catch_warnings():

@@ -140,12 +140,14 @@ def _n_selected(members: slice | torch.Tensor | None, n_members: int) -> int:
 
 
 def _transforms_active() -> bool:
-    """Whether forward-mode AD (a `dual_level`) or a `torch.func` transform (vmap, jvp, grad, ...) is running.
+    """Whether forward-mode AD (a `dual_level`), a `torch.func` transform (vmap, jvp, grad, ...) or a
+    TorchScript trace (policy export with a critic inside) is running.
 
     Under them the ensemble runs as plain `torch.baddbmm`, which every
     transform knows, instead of the hand-written narrow-head kernel.
     """
-    return forward_ad._current_level >= 0 or torch._C._are_functorch_transforms_active()
+    return (forward_ad._current_level >= 0 or torch._C._are_functorch_transforms_active()
+            or torch.jit.is_tracing())
 
 
 class _NarrowEnsembleMatmul(torch.autograd.Function):

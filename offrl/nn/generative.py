@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from offrl.nn import MLP, _activation
+from offrl.nn import MLP, _activation, _ScaledPolicy
 
 __all__ = [
     "sinusoidal_embedding",
@@ -38,6 +38,10 @@ __all__ = [
     "meanflow_target",
     "meanflow_loss",
     "meanflow_sample",
+    "DiffusionPolicy",
+    "FlowPolicy",
+    "OneStepPolicy",
+    "MeanFlowPolicy",
 ]
 
 
@@ -65,16 +69,22 @@ class ConditionalMLP(nn.Module):
                  layer_norm: bool = False) -> None:
         super().__init__()
         self.time_dim, self.n_times, self.time_scale = int(time_dim), int(n_times), float(time_scale)
-        self.time_mlp = nn.Sequential(nn.Linear(self.time_dim, 2 * self.time_dim), _activation(activation)(),
-                                      nn.Linear(2 * self.time_dim, self.time_dim))
-        self.net = MLP(obs_dim + act_dim + self.n_times * self.time_dim, act_dim, hidden_dims, activation=activation,
+        if self.time_dim:
+            self.time_mlp = nn.Sequential(nn.Linear(self.time_dim, 2 * self.time_dim), _activation(activation)(),
+                                          nn.Linear(2 * self.time_dim, self.time_dim))
+        # time_dim=0: the times enter as raw numbers (FQL's velocity network concatenates t itself).
+        width = self.time_dim or 1
+        self.net = MLP(obs_dim + act_dim + self.n_times * width, act_dim, hidden_dims, activation=activation,
                        layer_norm=layer_norm)
 
     def forward(self, obs: torch.Tensor, x: torch.Tensor, *times: torch.Tensor) -> torch.Tensor:
         if len(times) != self.n_times:
             raise ValueError(f"this network takes {self.n_times} time input(s), got {len(times)}")
-        embedded = [self.time_mlp(sinusoidal_embedding(self.time_scale * t.reshape(x.shape[:-1]), self.time_dim))
-                    for t in times]
+        if self.time_dim:
+            embedded = [self.time_mlp(sinusoidal_embedding(self.time_scale * t.reshape(x.shape[:-1]), self.time_dim))
+                        for t in times]
+        else:
+            embedded = [(self.time_scale * t).reshape(x.shape[:-1]).unsqueeze(-1).to(x.dtype) for t in times]
         return self.net(torch.cat([x, *embedded, obs], dim=-1))
 
 
@@ -121,42 +131,62 @@ class VPSchedule(nn.Module):
         """The clean action the noise prediction implies: (x_t - sqrt(1 - abar_t) eps) / sqrt(abar_t)."""
         return self._at(self.sqrt_recip_alphas_cumprod, t) * x_t - self._at(self.sqrt_recipm1_alphas_cumprod, t) * eps
 
-    def loss(self, model: Callable[..., torch.Tensor], obs: torch.Tensor, actions: torch.Tensor,
-             generator: torch.Generator | None = None) -> torch.Tensor:
-        """Epsilon-prediction BC loss E |eps - eps_theta(s, x_t, t)|^2 with t uniform over the steps."""
-        t = torch.randint(self.n_steps, (len(actions),), device=actions.device, generator=generator)
+    def noised(self, actions: torch.Tensor, generator: torch.Generator | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(t, eps, x_t): a uniform step index per row, its noise and the noised action (one forward process draw)."""
+        t = torch.randint(self.n_steps, (actions.shape[0],), device=actions.device, generator=generator)
         noise = torch.randn(actions.shape, device=actions.device, generator=generator)
-        return ((model(obs, self.q_sample(actions, t, noise), t.float()) - noise) ** 2).mean()
+        return t, noise, self.q_sample(actions, t, noise)
+
+    def loss(self, model: Callable[..., torch.Tensor], obs: torch.Tensor, actions: torch.Tensor,
+             generator: torch.Generator | None = None, weights: torch.Tensor | None = None) -> torch.Tensor:
+        """Epsilon-prediction BC loss E w |eps - eps_theta(s, x_t, t)|^2 with t uniform over the steps.
+
+        `weights` (batch,) weight each row (EDP's advantage-weighted variant); None is the plain mean.
+        """
+        t, noise, x_t = self.noised(actions, generator)
+        per_row = ((model(obs, x_t, t.float()) - noise) ** 2).mean(-1)
+        return per_row.mean() if weights is None else (weights * per_row).mean()
+
+    @property
+    def noise_count(self) -> int:
+        """Noise vectors one DDPM sample consumes: the start x_T and one per step but the last."""
+        return self.n_steps
 
     def sample(self, model: Callable[..., torch.Tensor], obs: torch.Tensor, act_dim: int,
                generator: torch.Generator | None = None, method: str = "ddpm", clip: float | None = 1.0,
-               noise: torch.Tensor | None = None) -> torch.Tensor:
+               noise: torch.Tensor | None = None, step_noise: torch.Tensor | None = None) -> torch.Tensor:
         """Actions by the reverse chain from N(0, I): "ddpm" (ancestral) or "ddim" (deterministic, eta = 0).
 
         Gradients flow through the chain (Diffusion-QL's actor loss needs
         them).  `clip` bounds each step's predicted clean action, as the
-        official code does for a [-1, 1] action box; `noise` fixes the start.
+        official code does for a [-1, 1] action box; `noise` fixes the start
+        x_T and `step_noise` (n_steps - 1, batch, act_dim) the DDPM step
+        noises, so a fixed noise table gives a deterministic, traceable chain.
         """
         if method not in ("ddpm", "ddim"):
             raise ValueError(f"method must be 'ddpm' or 'ddim', got {method!r}")
-        shape = (len(obs), act_dim)
+        shape = (obs.shape[0], act_dim)
         x = torch.randn(shape, device=obs.device, generator=generator) if noise is None else noise
+        one = torch.ones_like(x[:, 0])
         for step in reversed(range(self.n_steps)):
-            t = torch.full((len(obs),), step, device=obs.device, dtype=torch.long)
-            eps = model(obs, x, t.float())
-            x0 = self.predict_x0(x, t, eps)
+            eps = model(obs, x, one * step)
+            x0 = self.sqrt_recip_alphas_cumprod[step] * x - self.sqrt_recipm1_alphas_cumprod[step] * eps
             if clip is not None:
                 x0 = x0.clamp(-clip, clip)
             if method == "ddim":
-                previous = self._at(self.alphas_cumprod_prev, t)
+                previous = self.alphas_cumprod_prev[step]
                 # the noise the clipped x0 implies, so that a clipped step stays on the same DDIM path
-                eps = (x - self._at(self.sqrt_alphas_cumprod, t) * x0) / self._at(self.sqrt_one_minus_alphas_cumprod, t)
+                eps = (x - self.sqrt_alphas_cumprod[step] * x0) / self.sqrt_one_minus_alphas_cumprod[step]
                 x = previous.sqrt() * x0 + (1.0 - previous).sqrt() * eps
             else:
-                mean = self._at(self.posterior_mean_coef1, t) * x0 + self._at(self.posterior_mean_coef2, t) * x
+                mean = self.posterior_mean_coef1[step] * x0 + self.posterior_mean_coef2[step] * x
                 if step > 0:
-                    z = torch.randn(shape, device=obs.device, generator=generator)
-                    x = mean + (0.5 * self._at(self.posterior_log_variance, t)).exp() * z
+                    if step_noise is not None:
+                        z = step_noise[step - 1]
+                    else:
+                        z = torch.randn(shape, device=obs.device, generator=generator)
+                    x = mean + (0.5 * self.posterior_log_variance[step]).exp() * z
                 else:
                     x = mean
         return x
@@ -174,7 +204,7 @@ def flow_matching_loss(model: Callable[..., torch.Tensor], obs: torch.Tensor, ac
 
 def _flow_start(obs: torch.Tensor, act_dim: int, generator: torch.Generator | None,
                 noise: torch.Tensor | None) -> torch.Tensor:
-    return torch.randn((len(obs), act_dim), device=obs.device, generator=generator) if noise is None else noise
+    return torch.randn((obs.shape[0], act_dim), device=obs.device, generator=generator) if noise is None else noise
 
 
 def euler_sample(model: Callable[..., torch.Tensor], obs: torch.Tensor, act_dim: int, n_steps: int = 10,
@@ -182,9 +212,9 @@ def euler_sample(model: Callable[..., torch.Tensor], obs: torch.Tensor, act_dim:
     """Integrate dx/dt = v(s, x, t) from noise at t = 0 to t = 1 with `n_steps` Euler steps."""
     x = _flow_start(obs, act_dim, generator, noise)
     dt = 1.0 / n_steps
+    one = torch.ones_like(x[:, :1])  # times built from the input, so a traced sampler takes any batch size
     for k in range(n_steps):
-        t = torch.full((len(obs), 1), k * dt, device=obs.device)
-        x = x + dt * model(obs, x, t)
+        x = x + dt * model(obs, x, one * (k * dt))
     return x
 
 
@@ -193,8 +223,9 @@ def midpoint_sample(model: Callable[..., torch.Tensor], obs: torch.Tensor, act_d
     """The same ODE with the explicit midpoint rule (second order, two evaluations per step)."""
     x = _flow_start(obs, act_dim, generator, noise)
     dt = 1.0 / n_steps
+    one = torch.ones_like(x[:, :1])
     for k in range(n_steps):
-        t = torch.full((len(obs), 1), k * dt, device=obs.device)
+        t = one * (k * dt)
         half = x + 0.5 * dt * model(obs, x, t)
         x = x + dt * model(obs, half, t + 0.5 * dt)
     return x
@@ -241,9 +272,117 @@ def meanflow_sample(model: Callable[..., torch.Tensor], obs: torch.Tensor, act_d
                     n_steps: int = 1) -> torch.Tensor:
     """Actions in `n_steps` average-velocity jumps from noise at t = 1 (one step: a = eps - u(eps, 0, 1))."""
     x = _flow_start(obs, act_dim, generator, noise)
-    edges = torch.linspace(1.0, 0.0, n_steps + 1, device=obs.device)
+    one = torch.ones_like(x[:, :1])
     for k in range(n_steps):
-        t = torch.full((len(obs), 1), float(edges[k]), device=obs.device)
-        r = torch.full((len(obs), 1), float(edges[k + 1]), device=obs.device)
-        x = x - (t - r) * model(obs, x, r, t)
+        t, r = 1.0 - k / n_steps, 1.0 - (k + 1) / n_steps
+        x = x - (t - r) * model(obs, x, one * r, one * t)
     return x
+
+
+# ---------------------------------------------------------------------- policies: networks + samplers in env units
+class _GenerativePolicy(_ScaledPolicy):
+    """A generative policy in the [-1, 1] action box, mapped to the env's bounds.
+
+    `forward(obs, noise)` is the whole sampler with its randomness given:
+    `noise` holds `noise_count` vectors per row, (noise_count, batch,
+    act_dim), so a fixed noise table makes acting deterministic and
+    traceable (TorchScript export).  `sample_unit(obs, generator)` draws
+    the noise itself and keeps the graph (for Q-gradient actor losses).
+    `bc_loss(obs, actions)` is the model's own generative loss on
+    env-unit dataset actions.
+    """
+
+    noise_count = 1
+
+    def __init__(self, action_dim: int, action_low=None, action_high=None) -> None:
+        super().__init__(action_low, action_high, action_dim)
+        self.action_dim = int(action_dim)
+
+    def draw_noise(self, obs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        return torch.randn((self.noise_count, obs.shape[0], self.action_dim), device=obs.device, generator=generator)
+
+    def sample_unit(self, obs: torch.Tensor, generator: torch.Generator | None = None,
+                    noise: torch.Tensor | None = None) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, obs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        return self.to_env(self.sample_unit(obs, noise=noise).clamp(-1.0, 1.0))
+
+
+class DiffusionPolicy(_GenerativePolicy):
+    """Diffusion-QL's actor: an epsilon-prediction denoiser on the VP schedule (DDPM or DDIM sampling)."""
+
+    def __init__(self, observation_dim: int, action_dim: int, hidden_dims: Sequence[int] = (256, 256, 256),
+                 n_diffusion_steps: int = 5, time_dim: int = 16, action_low=None, action_high=None,
+                 activation: str = "mish", sampler: str = "ddpm") -> None:
+        super().__init__(action_dim, action_low, action_high)
+        if sampler not in ("ddpm", "ddim"):
+            raise ValueError(f"sampler must be 'ddpm' or 'ddim', got {sampler!r}")
+        self.denoiser = ConditionalMLP(observation_dim, action_dim, hidden_dims, time_dim, 1, activation)
+        self.schedule = VPSchedule(n_diffusion_steps)
+        self.sampler = sampler
+        self.noise_count = self.schedule.n_steps if sampler == "ddpm" else 1
+
+    def sample_unit(self, obs, generator=None, noise=None):
+        start, steps = (None, None) if noise is None else (noise[0], noise[1:])
+        return self.schedule.sample(self.denoiser, obs, self.action_dim, generator, self.sampler, clip=1.0,
+                                    noise=start, step_noise=steps)
+
+    def bc_loss(self, obs: torch.Tensor, actions: torch.Tensor, generator: torch.Generator | None = None,
+                weights: torch.Tensor | None = None) -> torch.Tensor:
+        return self.schedule.loss(self.denoiser, obs, self.to_unit(actions), generator, weights)
+
+
+class FlowPolicy(_GenerativePolicy):
+    """FQL's behaviour flow: a velocity field v(s, x_t, t) integrated by Euler steps from noise at t = 0."""
+
+    def __init__(self, observation_dim: int, action_dim: int, hidden_dims: Sequence[int] = (512, 512, 512, 512),
+                 flow_steps: int = 10, time_dim: int = 0, action_low=None, action_high=None,
+                 activation: str = "gelu", layer_norm: bool = False) -> None:
+        super().__init__(action_dim, action_low, action_high)
+        self.velocity = ConditionalMLP(observation_dim, action_dim, hidden_dims, time_dim, 1, activation,
+                                       layer_norm=layer_norm)
+        self.flow_steps = int(flow_steps)
+
+    def sample_unit(self, obs, generator=None, noise=None):
+        return euler_sample(self.velocity, obs, self.action_dim, self.flow_steps, generator,
+                            None if noise is None else noise[0])
+
+    def bc_loss(self, obs: torch.Tensor, actions: torch.Tensor, generator: torch.Generator | None = None
+                ) -> torch.Tensor:
+        return flow_matching_loss(self.velocity, obs, self.to_unit(actions), generator)
+
+
+class OneStepPolicy(_GenerativePolicy):
+    """FQL's one-step policy mu(s, z): noise to action in one network evaluation (unclipped in `sample_unit`)."""
+
+    def __init__(self, observation_dim: int, action_dim: int, hidden_dims: Sequence[int] = (512, 512, 512, 512),
+                 action_low=None, action_high=None, activation: str = "gelu", layer_norm: bool = False) -> None:
+        super().__init__(action_dim, action_low, action_high)
+        self.net = MLP(observation_dim + action_dim, action_dim, hidden_dims, activation, layer_norm)
+
+    def sample_unit(self, obs, generator=None, noise=None):
+        z = self.draw_noise(obs, generator)[0] if noise is None else noise[0]
+        return self.net(torch.cat([obs, z], dim=-1))
+
+
+class MeanFlowPolicy(_GenerativePolicy):
+    """OFQL's actor: an average-velocity field u(s, a_t, r, t); a = eps - u(s, eps, 0, 1) in one evaluation."""
+
+    def __init__(self, observation_dim: int, action_dim: int, hidden_dims: Sequence[int] = (256, 256, 256),
+                 time_dim: int = 64, action_low=None, action_high=None, activation: str = "mish",
+                 sample_steps: int = 1, flow_ratio: float = 0.5, time_mu: float = -0.4,
+                 time_sigma: float = 1.0) -> None:
+        super().__init__(action_dim, action_low, action_high)
+        self.velocity = ConditionalMLP(observation_dim, action_dim, hidden_dims, time_dim, 2, activation)
+        self.sample_steps = int(sample_steps)
+        self.flow_ratio, self.time_mu, self.time_sigma = float(flow_ratio), float(time_mu), float(time_sigma)
+
+    def sample_unit(self, obs, generator=None, noise=None):
+        return meanflow_sample(self.velocity, obs, self.action_dim, generator, None if noise is None else noise[0],
+                               self.sample_steps)
+
+    def bc_loss(self, obs: torch.Tensor, actions: torch.Tensor, generator: torch.Generator | None = None
+                ) -> torch.Tensor:
+        return meanflow_loss(self.velocity, obs, self.to_unit(actions), generator, self.flow_ratio, self.time_mu,
+                             self.time_sigma)
