@@ -17,6 +17,7 @@ from offrl.nn.generative import (
     euler_sample,
     flow_matching_loss,
     meanflow_loss,
+    meanflow_path,
     meanflow_sample,
     meanflow_target,
     midpoint_sample,
@@ -138,3 +139,37 @@ def test_meanflow_learns_a_two_mode_distribution_in_one_step():
             near = (out - centre).abs() < 0.2, (out + centre).abs() < 0.2
             # each mode holds a good share (0.24-0.36 here; a unimodal Gaussian between them would hold ~0)
             assert near[0].float().mean() > 0.15 and near[1].float().mean() > 0.15, (bit, out.mean(), out.std())
+
+
+@pytest.mark.parametrize("activation, time_dim, time_scale", [("mish", 16, 10.0), ("gelu", 0, 1.0),
+                                                              ("relu", 8, 1.0), ("silu", 8, 3.0)])
+def test_the_hand_written_tangent_pass_equals_torch_func_jvp(activation, time_dim, time_scale):
+    torch.manual_seed(1)
+    net = ConditionalMLP(3, 2, (32, 32), time_dim=time_dim, n_times=2, activation=activation,
+                         time_scale=time_scale).double()
+    assert net.has_tangent_pass
+    obs, x, v = (torch.randn(6, d, dtype=torch.float64) for d in (3, 2, 2))
+    r, t = torch.rand(6, 1, dtype=torch.float64) * 0.4, 0.5 + torch.rand(6, 1, dtype=torch.float64) * 0.4
+    value, tangent = net.forward_with_tangent(obs, x, (r, t), v, (None, torch.ones_like(t)))
+    ref_value, ref_tangent = torch.func.jvp(lambda x_, r_, t_: net(obs, x_, r_, t_), (x, r, t),
+                                            (v, torch.zeros_like(r), torch.ones_like(t)))
+    assert torch.allclose(value, ref_value, atol=1e-12)
+    assert torch.allclose(tangent, ref_tangent, atol=1e-10)
+    assert not ConditionalMLP(3, 2, (8,), layer_norm=True).has_tangent_pass  # falls back to torch.func.jvp
+
+
+def test_the_meanflow_policy_s_stacked_pass_gives_its_loss_and_one_step_actions():
+    from offrl.nn.generative import MeanFlowPolicy
+
+    torch.manual_seed(0)
+    policy = MeanFlowPolicy(3, 2, (32, 32), time_dim=8)
+    obs, actions = torch.randn(16, 3), torch.rand(16, 2) * 2 - 1
+    loss, unit = policy.bc_loss_and_sample(obs, actions, torch.Generator().manual_seed(5))
+    g = torch.Generator().manual_seed(5)
+    x_t, r, t, v = meanflow_path(actions, g)
+    _, target = meanflow_target(policy.velocity, obs, x_t, r, t, v)
+    eps = torch.randn(x_t.shape, generator=g)
+    assert torch.allclose(loss, ((policy.velocity(obs, x_t, r, t) - target) ** 2).mean(), atol=1e-6)
+    assert torch.allclose(unit, policy.sample_unit(obs, noise=eps.unsqueeze(0)), atol=1e-6)
+    loss.backward()
+    assert all(p.grad is not None for p in policy.parameters())

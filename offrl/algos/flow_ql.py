@@ -2,7 +2,7 @@
 
 FQL, per step (one-step policy mu, behaviour flow v, noise z ~ N(0, I)):
 
-    critic:   mean_i (Q_i(s, a) - y)^2,  y = r + gamma (1 - d) mean_i Q'_i(s', clip(mu(s', z')))
+    critic:   mean_i (Q_i(s, a) - y)^2,  y = r + gamma (1 - d) agg_i Q'_i(s', clip(mu(s', z')))
     flow BC:  E |v(s, (1 - t) z + t a, t) - (a - z)|^2,                  t ~ U[0, 1]
     actor:    flow BC + alpha E |mu(s, z) - sg(flow(s, z))|^2 - E mean_i Q_i(s, clip(mu(s, z)))
 
@@ -10,7 +10,8 @@ where flow(s, z) integrates v from z by 10 Euler steps.  The one-step
 policy is what acts (one network evaluation); the flow is only its teacher.
 Defaults are the paper's: 4x512 GELU networks, LayerNorm critics (not
 actors), alpha 10, Adam 3e-4, batch 256, tau 0.005, Q aggregated by the
-mean of the two critics (`q_agg="min"` for Adroit), raw observations.
+mean of the two critics in the target (`q_agg="min"` for Adroit; the actor's
+Q term always averages them, as in the official code), raw observations.
 
 OFQL learns one average-velocity field u(s, a_t, r, t) (MeanFlow) with the
 flow BC loss of `offrl.nn.generative.meanflow_loss`, target
@@ -144,7 +145,7 @@ class FQL(GenerativeQLearning):
                 teacher = flow.sample_unit(obs, noise=z).clamp(-1.0, 1.0)
             student = policy.sample_unit(obs, noise=z)
             distill_loss = ((student - teacher) ** 2).mean()
-            q = self._aggregate(self.critic_(obs, policy.to_env(student.clamp(-1.0, 1.0))))
+            q = self.critic_(obs, policy.to_env(student.clamp(-1.0, 1.0))).mean(0)  # the mean, whatever q_agg
             q_loss = -q.mean()
             if self.normalize_q_loss:
                 q_loss = q_loss / q.abs().mean().detach()
@@ -255,8 +256,11 @@ class OFQL(GenerativeQLearning):
     def _actor_loss(self, obs: torch.Tensor, actions: torch.Tensor, coin: torch.Tensor):
         policy = self.policy_
         with self._autocast():
-            bc_loss = policy.bc_loss(obs, actions)
-            new_actions = policy.to_env(policy.sample_unit(obs).clamp(-1.0, 1.0))  # one evaluation, with gradients
+            if policy.sample_steps == 1:  # the BC term and the one-step action from one stacked forward pass
+                bc_loss, unit = policy.bc_loss_and_sample(obs, actions)
+            else:
+                bc_loss, unit = policy.bc_loss(obs, actions), policy.sample_unit(obs)
+            new_actions = policy.to_env(unit.clamp(-1.0, 1.0))  # one evaluation, with gradients
             q_loss = normalised_q_loss(self.critic_(obs, new_actions), coin)
             return bc_loss + self.eta * q_loss, bc_loss, q_loss
 

@@ -5,8 +5,10 @@ locomotion.  Other dataset families change a few of them in the official
 code; those changes live here, one table per algorithm, instead of as `if
 "antmaze" in name` branches in the algorithms.  A row applies when one of
 its family names is a word of the dataset's name ("pen-human-v1" and
-"D4RL/pen/human-v2" are Adroit pen; "pendulum-medium-v1" is not); the first
-matching row wins.
+"D4RL/pen/human-v2" are Adroit pen; "pendulum-medium-v1" is not), or, for a
+hyphenated family such as "hopper-medium-replay", when those words follow
+each other in the name ("hopper-medium-replay-v2", "D4RL/hopper/medium-replay-v0");
+the first matching row wins, so specific rows come before general ones.
 
     >>> from offrl.algos import IQL
     >>> IQL.from_preset("antmaze-umaze-v2").get_params()["expectile"]
@@ -24,8 +26,38 @@ __all__ = ["PRESETS", "preset_params", "dataset_family"]
 
 _ADROIT = ("pen", "door", "hammer", "relocate")
 
+# Diffusion-QL's per-dataset table (main.py of the official code): eta, the actor's learning rate (the critic's
+# stays 3e-4), the gradient-norm clip of both networks, max-Q backup, and AntMaze's reward transform
+# "cql_antmaze", (r - 0.5) * 4.  Locomotion keeps eta 1.0 and lr 3e-4 everywhere and differs in the clip.
+# Adroit pen's "normalize" transform ((r - mean) / std) has no offrl equivalent yet and is left out.
+_ANTMAZE_DQL_REWARD = {"reward_scale": 4.0, "reward_bias": -2.0}
+_DIFFUSION_QL: list[tuple[tuple[str, ...], dict[str, Any]]] = [
+    (("halfcheetah-medium-replay",), {"max_grad_norm": 2.0}),
+    (("hopper-medium-replay",), {"max_grad_norm": 4.0}),
+    (("walker2d-medium-replay",), {"max_grad_norm": 4.0}),
+    (("halfcheetah-medium-expert",), {"max_grad_norm": 7.0}),
+    (("hopper-medium-expert",), {"max_grad_norm": 5.0}),
+    (("walker2d-medium-expert",), {"max_grad_norm": 5.0}),
+    (("halfcheetah-medium",), {"max_grad_norm": 9.0}),
+    (("hopper-medium",), {"max_grad_norm": 9.0}),
+    (("walker2d-medium",), {"max_grad_norm": 1.0}),
+    (("antmaze-umaze-diverse",), {"eta": 2.0, "max_q_backup": True, "max_grad_norm": 3.0, **_ANTMAZE_DQL_REWARD}),
+    (("antmaze-umaze",), {"eta": 0.5, "max_grad_norm": 2.0, **_ANTMAZE_DQL_REWARD}),
+    (("antmaze-medium-play",), {"eta": 2.0, "actor_lr": 1e-3, "max_q_backup": True, "max_grad_norm": 2.0,
+                                **_ANTMAZE_DQL_REWARD}),
+    (("antmaze-medium-diverse",), {"eta": 3.0, "max_q_backup": True, "max_grad_norm": 1.0, **_ANTMAZE_DQL_REWARD}),
+    (("antmaze-large-play",), {"eta": 4.5, "max_q_backup": True, "max_grad_norm": 10.0, **_ANTMAZE_DQL_REWARD}),
+    (("antmaze-large-diverse",), {"eta": 3.5, "max_q_backup": True, "max_grad_norm": 7.0, **_ANTMAZE_DQL_REWARD}),
+    (("pen-human",), {"eta": 0.15, "actor_lr": 3e-5, "max_grad_norm": 7.0}),
+    (("pen-cloned",), {"eta": 0.1, "actor_lr": 3e-5, "max_grad_norm": 8.0}),
+    (("kitchen-complete",), {"eta": 0.005, "max_grad_norm": 9.0}),
+    (("kitchen-partial",), {"eta": 0.005, "max_grad_norm": 10.0}),
+    (("kitchen-mixed",), {"eta": 0.005, "max_grad_norm": 10.0}),
+]
+
 # algorithm -> list of (families, overrides).  Sources: IQL's train_offline.py and
-# configs (Kostrikov et al.), CORL's cql / cal_ql YAML configs (AntMaze, Adroit).
+# configs (Kostrikov et al.), CORL's cql / cal_ql YAML configs (AntMaze, Adroit), Diffusion-QL's main.py,
+# EDP's hps.py, FQL's README.
 PRESETS: dict[str, list[tuple[tuple[str, ...], dict[str, Any]]]] = {
     "IQL": [
         # AntMaze: r - 1, no return-range scaling; expectile 0.9, beta 10.
@@ -57,6 +89,24 @@ PRESETS: dict[str, list[tuple[tuple[str, ...], dict[str, Any]]]] = {
     ],
     "TD3PlusBC": [],
     "BC": [],
+    "DiffusionQL": _DIFFUSION_QL,
+    # EDP's hps.py copies Diffusion-QL's gradient-norm table and its trainer reads only that entry.
+    "EDP": [(families, {"max_grad_norm": params["max_grad_norm"]}) for families, params in _DIFFUSION_QL],
+    # OFQL keeps Diffusion-QL's settings but eta, which it chose per dataset from {0.001, 0.01, 0.1, 0.3, 0.5};
+    # that table is not public in a form we could read, so eta stays at the class default.
+    "OFQL": [(families, {k: v for k, v in params.items() if k != "eta"}) for families, params in _DIFFUSION_QL],
+    # FQL's README (D4RL runs): AntMaze alpha 10 (the default) but 3 on large; Adroit alphas with the min of the
+    # two critics as the Q aggregate.
+    "FQL": [
+        (("antmaze-large",), {"alpha": 3.0}),
+        (("pen-expert",), {"alpha": 3000.0, "q_agg": "min"}),
+        (("pen",), {"alpha": 10000.0, "q_agg": "min"}),
+        (("door",), {"alpha": 30000.0, "q_agg": "min"}),
+        (("hammer-cloned",), {"alpha": 10000.0, "q_agg": "min"}),
+        (("hammer",), {"alpha": 30000.0, "q_agg": "min"}),
+        (("relocate-human",), {"alpha": 10000.0, "q_agg": "min"}),
+        (("relocate",), {"alpha": 30000.0, "q_agg": "min"}),
+    ],
 }
 
 
@@ -71,25 +121,34 @@ def _name_of(dataset: Any) -> str:
     return str(dataset)
 
 
-def _words(dataset: Any) -> set[str]:
-    return set(re.split(r"[^a-z0-9]+", _name_of(dataset).lower()))
+def _words(dataset: Any) -> list[str]:
+    return [word for word in re.split(r"[^a-z0-9]+", _name_of(dataset).lower()) if word]
+
+
+def _matches(family: str, words: list[str]) -> bool:
+    """A one-word family is a word of the name; "hopper-medium-replay" is those words in a row."""
+    phrase = family.split("-")
+    n = len(phrase)
+    return any(words[i:i + n] == phrase for i in range(len(words) - n + 1))
+
+
+def _matching_row(algorithm: str, dataset: Any) -> tuple[tuple[str, ...], dict[str, Any]] | None:
+    words = _words(dataset)
+    for families, overrides in PRESETS.get(algorithm, []):
+        if any(_matches(family, words) for family in families):
+            return families, overrides
+    return None
 
 
 def dataset_family(dataset: Any, algorithm: str) -> tuple[str, ...] | None:
     """The preset row's families that match `dataset` (a name, Dataset or metadata dict) for `algorithm`."""
-    words = _words(dataset)
-    for families, _ in PRESETS.get(algorithm, []):
-        if words.intersection(families):
-            return families
-    return None
+    row = _matching_row(algorithm, dataset)
+    return None if row is None else row[0]
 
 
 def preset_params(algorithm: str, dataset: Any) -> dict[str, Any]:
     """Hyper-parameter overrides of `algorithm` (class name) for `dataset`; {} when the defaults apply."""
     if algorithm not in PRESETS:
         raise ValueError(f"no presets for {algorithm!r}; known algorithms: {sorted(PRESETS)}")
-    words = _words(dataset)
-    for families, overrides in PRESETS[algorithm]:
-        if words.intersection(families):
-            return dict(overrides)
-    return {}
+    row = _matching_row(algorithm, dataset)
+    return {} if row is None else dict(row[1])
