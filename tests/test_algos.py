@@ -320,3 +320,47 @@ def test_review_fixes_in_parameter_rules():
     with pytest.raises(InvalidParameterError, match="needs gamma < 1"):
         CalQL(sparse_rewards=True, gamma=1.0).check_params()  # was: ZeroDivisionError in the MC returns
     CalQL(sparse_rewards=False, gamma=1.0).check_params()
+
+
+def test_every_hyper_parameter_of_every_algorithm_has_a_rule():
+    import offrl.algos as algos
+    from offrl.algos.base import BaseEstimator
+    from offrl.algos.params import param_rules
+
+    checked = 0
+    for name in algos.__all__:
+        cls = getattr(algos, name)
+        if not isinstance(cls, type) or not issubclass(cls, BaseEstimator) or cls in (BaseEstimator,
+                                                                                      algos.OfflineAlgorithm):
+            continue
+        missing = sorted(set(cls().get_params(deep=False)) - set(param_rules(cls)))
+        assert not missing, f"{name} has hyper-parameters without a rule: {missing}"
+        cls().check_params()  # the defaults pass their own rules
+        checked += 1
+    assert checked >= 10
+
+
+def test_generative_presets_follow_the_papers_tables():
+    from offrl.algos import EDP, FQL, OFQL, DiffusionQL
+
+    # Diffusion-QL main.py: hopper-medium-replay gn 4.0, hopper-medium 9.0 (the longer name's row wins).
+    assert preset_params("DiffusionQL", "hopper-medium-replay-v2") == {"max_grad_norm": 4.0}
+    assert preset_params("DiffusionQL", "D4RL/hopper/medium-replay-v0") == {"max_grad_norm": 4.0}
+    assert preset_params("DiffusionQL", "hopper-medium-v2") == {"max_grad_norm": 9.0}
+    assert preset_params("DiffusionQL", "pendulum-medium-replay-v1") == {}
+    medium_play = DiffusionQL.from_preset("antmaze-medium-play-v2")
+    assert (medium_play.eta, medium_play.actor_lr, medium_play.max_q_backup) == (2.0, 1e-3, True)
+    assert (medium_play.reward_scale, medium_play.reward_bias) == (4.0, -2.0)  # "cql_antmaze": (r - 0.5) * 4
+    # OFQL keeps Diffusion-QL's settings except eta; EDP reads only the clip.
+    assert OFQL.from_preset("antmaze-medium-play-v2").eta == OFQL().eta
+    assert OFQL.from_preset("antmaze-medium-play-v2").max_q_backup is True
+    assert preset_params("EDP", "walker2d-medium-v2") == {"max_grad_norm": 1.0}
+    # FQL's README: pen-expert alpha 3000 (before pen's 10000), AntMaze large alpha 3.
+    assert preset_params("FQL", "pen-expert-v1") == {"alpha": 3000.0, "q_agg": "min"}
+    assert preset_params("FQL", "pen-human-v1") == {"alpha": 10000.0, "q_agg": "min"}
+    assert preset_params("FQL", "antmaze-large-diverse-v2") == {"alpha": 3.0}
+    assert preset_params("FQL", "antmaze-medium-diverse-v2") == {}
+    assert preset_params("FQL", "pendulum-medium-v1") == {}  # "pen" must be a word, not a prefix
+    for cls in (DiffusionQL, EDP, FQL, OFQL):
+        for name in ("antmaze-umaze-v2", "pen-human-v1", "kitchen-mixed-v0", "hopper-medium-expert-v2"):
+            cls.from_preset(name).check_params()

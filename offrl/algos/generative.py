@@ -182,15 +182,30 @@ class GenerativeQLearning(OfflineAlgorithm):
     def _act(self, obs: torch.Tensor, deterministic: bool) -> torch.Tensor:
         if deterministic:
             return self._candidate_actor()(obs)
+        return self._sample(obs)
+
+    def _sample(self, obs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """The papers' acting: `n_action_samples` fresh samples per observation, one drawn by softmax(Q)."""
         n = int(self.n_action_samples)
         policy = self.policy_
         repeated = obs.unsqueeze(0).expand(n, -1, -1).reshape(-1, obs.shape[-1])
-        actions = policy(repeated, policy.draw_noise(repeated))
+        actions = policy(repeated, policy.draw_noise(repeated, generator))
         if n == 1:
             return actions
         q = self._selection_critic()(repeated, actions).min(0).values.reshape(n, -1)
-        choice_ = torch.multinomial(torch.softmax(q.t().float(), dim=1), 1).reshape(1, -1, 1)
-        return actions.reshape(n, -1, actions.shape[-1]).gather(0, choice_.expand(1, -1, actions.shape[-1]))[0]
+        picked = torch.multinomial(torch.softmax(q.t().float(), dim=1), 1, generator=generator).reshape(1, -1, 1)
+        return actions.reshape(n, -1, actions.shape[-1]).gather(0, picked.expand(1, -1, actions.shape[-1]))[0]
+
+    def _online_act(self, obs: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """Online exploration (`fit_online`): the papers' stochastic acting, seeded by the online loop's generator.
+        The generative policies have no tractable log-density, so the recorded log-probabilities are zeros."""
+        with torch.no_grad():
+            self._set_training_mode(False)
+            try:
+                actions = self._sample(self.obs_normalizer_(obs), generator)
+            finally:
+                self._set_training_mode(True)
+        return actions, torch.zeros(len(actions), device=actions.device)
 
     def _value(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         return self.critic_(obs, actions).min(0).values
