@@ -4,26 +4,47 @@
     python benchmarks/updates.py --compile             # also torch.compile'd updates
     python benchmarks/updates.py --algos CQL --precision bf16 --repeats 9
     python benchmarks/updates.py --threads 1 --clock cpu   # robust on a shared machine
+    python benchmarks/updates.py --algos IQL,DiffusionQL,EDP,EDP-iql,FQL,OFQL --threads 1 --clock cpu
 
 Each configuration trains through the real `fit` loop (sampling from a
 dataset held as tensors, `log_every` = one timed chunk) on a synthetic
-dataset with Hopper's dimensions (11-d observations, 3-d actions), batch
-256 and 256x256 networks for every algorithm.
+dataset with Hopper's dimensions (11-d observations, 3-d actions) and batch
+256.  Network sizes:
+
+- BC, TD3PlusBC, IQL, CQL, CalQL: 256x256 (forced, whatever the class default);
+- DiffusionQL, EDP (variant "td3"), EDP-iql (`EDP(variant="iql")`), OFQL:
+  their class defaults, the papers' 3x256 Mish actor and critics, so
+  DiffusionQL (5 diffusion steps) and OFQL compare at equal sizes;
+- FQL: its class default, the paper's 4x512 GELU actors and critics.
+
+`--set hidden_dims=[256,256]` overrides the (critic) sizes of every timed
+algorithm; FQL's actors take `actor_hidden_dims`.  The EMA actors (DiffusionQL, EDP, OFQL) are timed from step 0
+(`ema_start=0`), so the chunks include the EMA update of steady-state
+training rather than the first 1000 steps without it.  When IQL is timed
+too, a second table gives every configuration's updates/s relative to
+IQL's at the same precision and compile setting (and OFQL's relative to
+DiffusionQL's).
 
 Roofline fraction = achieved FLOP/s of the update / FLOP/s of a plain fp32
 256x256 @ 256x256 matmul loop measured in the same process.  FLOPs are the
 matmul FLOPs of one update (forward and backward, counted by
 `torch.utils.flop_counter` on an eager fp32 update, averaged over two steps
-so TD3+BC's delayed actor counts half).  Each timed chunk of updates is
-followed by a reference window of the same length, and the fraction is the
-median over chunks of the two rates' ratio, so both sides see the same load
-on a shared machine.  updates/s is the median chunk's (best chunk printed
-too).
+so TD3+BC's delayed actor counts half).  OFQL's MeanFlow target is a
+forward-mode tangent pass, written out as stacked matmuls that the counter
+sees like any other (`ConditionalMLP.forward_with_tangent`; the
+`torch.func.jvp` fallback for other networks is counted too, including a
+matmul against the weights' zero tangents per layer).  Should the counter
+fail on an algorithm, its FLOP and roofline columns read n/a.
+Each timed chunk of updates is followed by a reference window of the same
+length, and the fraction is the median over chunks of the two rates'
+ratio, so both sides see the same load on a shared machine.  updates/s is
+the median chunk's (best chunk printed too).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -31,6 +52,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -38,12 +60,42 @@ from torch.utils.flop_counter import FlopCounterMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from offrl.algos import BC, CQL, IQL, CalQL, TD3PlusBC  # noqa: E402
+from offrl.algos import BC, CQL, EDP, FQL, IQL, OFQL, CalQL, DiffusionQL, TD3PlusBC  # noqa: E402
 from offrl.datasets import Dataset  # noqa: E402
 
-ALGORITHMS = {"BC": BC, "TD3PlusBC": TD3PlusBC, "IQL": IQL, "CQL": CQL, "CalQL": CalQL}
-# updates per timed chunk (about 0.1-0.3 s each)
-CHUNK = {"BC": 200, "TD3PlusBC": 100, "IQL": 100, "CQL": 6, "CalQL": 6}
+ALGORITHMS = {"BC": BC, "TD3PlusBC": TD3PlusBC, "IQL": IQL, "CQL": CQL, "CalQL": CalQL,
+              "DiffusionQL": DiffusionQL, "EDP": EDP, "EDP-iql": functools.partial(EDP, variant="iql"),
+              "FQL": FQL, "OFQL": OFQL}
+# updates per timed chunk (about 0.1-0.3 s each; the generative ones measured on one CPU thread)
+CHUNK = {"BC": 200, "TD3PlusBC": 100, "IQL": 100, "CQL": 6, "CalQL": 6,
+         "DiffusionQL": 6, "EDP": 10, "EDP-iql": 12, "FQL": 3, "OFQL": 7}
+_SMALL_NETWORKS = {"hidden_dims": (256, 256)}
+_EMA_FROM_START = {"ema_start": 0}
+# hyper-parameters every timed instance gets (before --set): see the module docstring
+BENCH_PARAMS = {"BC": _SMALL_NETWORKS, "TD3PlusBC": _SMALL_NETWORKS, "IQL": _SMALL_NETWORKS, "CQL": _SMALL_NETWORKS,
+                "CalQL": _SMALL_NETWORKS, "DiffusionQL": _EMA_FROM_START, "EDP": _EMA_FROM_START, "EDP-iql": {},
+                "FQL": {}, "OFQL": _EMA_FROM_START}
+
+
+def make_algorithm(name: str, params: dict | None = None, **fixed: Any) -> Any:
+    """The timed estimator: the benchmark's sizes for `name`, then `--set` params, then the fixed settings."""
+    return ALGORITHMS[name](**{**BENCH_PARAMS[name], **(params or {})}, **fixed)
+
+
+def network_label(algo: Any) -> str:
+    """Hidden layers as "3x256" (actor/critic shown apart where they differ)."""
+    def label(dims) -> str:
+        dims = tuple(int(d) for d in dims)
+        return f"{len(dims)}x{dims[0]}" if len(set(dims)) == 1 else "x".join(map(str, dims))
+
+    params = algo.get_params()
+    critic = label(params["hidden_dims"])
+    actor = params.get("actor_hidden_dims")
+    if params.get("critic_hidden_dims") is not None:
+        actor, critic = params["hidden_dims"], label(params["critic_hidden_dims"])
+    if actor is None or label(actor) == critic:
+        return critic
+    return f"actor {label(actor)} critic {critic}"
 
 
 def synthetic_dataset(n: int = 100_000, obs_dim: int = 11, act_dim: int = 3, episode_length: int = 1000,
@@ -98,30 +150,34 @@ class MatmulReference:
         return statistics.median(self.rates)
 
 
-def update_flops(name: str, dataset: Dataset, batch_size: int, params: dict | None = None) -> float:
-    """Matmul FLOPs of one update (eager fp32, mean over two consecutive steps)."""
-    algo = ALGORITHMS[name](**{"hidden_dims": (256, 256), **(params or {})}, batch_size=batch_size, device="cpu",
-                            random_state=0)
+def update_flops(name: str, dataset: Dataset, batch_size: int, params: dict | None = None) -> float | None:
+    """Matmul FLOPs of one update (eager fp32, mean over two consecutive steps); None if the counter fails."""
+    algo = make_algorithm(name, params, batch_size=batch_size, device="cpu", random_state=0)
     algo.fit(dataset, n_steps=2, progress=False)  # builds networks and optimiser state
     sampler = algo._make_sampler(dataset)
     generator = torch.Generator().manual_seed(1)
-    with FlopCounterMode(display=False) as counter:
-        for step in (2, 3):
-            algo._update(sampler.sample(generator), step)
+    try:
+        with FlopCounterMode(display=False) as counter:
+            for step in (2, 3):
+                algo._update(sampler.sample(generator), step)
+    except Exception as error:  # noqa: BLE001 - a mode the counter cannot follow: time the updates anyway
+        print(f"{name}: the FLOP counter failed ({type(error).__name__}: {error}); FLOP columns n/a", flush=True)
+        return None
     return counter.get_total_flops() / 2
 
 
 def time_config(name: str, dataset: Dataset, batch_size: int, precision: str, compile_: bool, repeats: int,
-                warmup_chunks: int, reference: MatmulReference, flops: float, clock=time.perf_counter,
+                warmup_chunks: int, reference: MatmulReference, flops: float | None, clock=time.perf_counter,
                 params: dict | None = None) -> dict:
     """Time `repeats` chunks of the real fit loop, each followed by a reference window of the same length.
 
     The roofline fraction is the median over chunks of (update FLOP/s in the chunk) / (reference FLOP/s
-    in the window right after it), so both sides see the same machine load.
+    in the window right after it), so both sides see the same machine load.  Without a FLOP count the
+    reference windows still run (the same load pattern) and the fractions are None.
     """
     chunk = CHUNK[name]
-    algo = ALGORITHMS[name](**{"hidden_dims": (256, 256), **(params or {})}, batch_size=batch_size,
-                            precision=precision, compile=compile_, device="cpu", random_state=0)
+    algo = make_algorithm(name, params, batch_size=batch_size, precision=precision, compile=compile_, device="cpu",
+                          random_state=0)
     times: list[float] = []
     ratios: list[float] = []
     state = {"t": None}
@@ -130,15 +186,45 @@ def time_config(name: str, dataset: Dataset, batch_size: int, precision: str, co
         elapsed = clock() - state["t"]
         if step > warmup_chunks * chunk:
             times.append(elapsed)
-            ratios.append(flops * chunk / elapsed / reference.measure(elapsed))
+            reference_rate = reference.measure(elapsed)
+            if flops is not None:
+                ratios.append(flops * chunk / elapsed / reference_rate)
         state["t"] = clock()
 
     state["t"] = clock()
     started = time.perf_counter()
     algo.fit(dataset, n_steps=(warmup_chunks + repeats) * chunk, log_every=chunk, callbacks=[callback], progress=False)
     return {"updates_per_s": chunk / statistics.median(times), "updates_per_s_best": chunk / min(times),
-            "roofline_fp32": statistics.median(ratios), "roofline_fp32_best_chunk": max(ratios),
+            "roofline_fp32": statistics.median(ratios) if ratios else None,
+            "roofline_fp32_best_chunk": max(ratios) if ratios else None,
             "wall_s": time.perf_counter() - started}
+
+
+def _number(value: float | None, scale: float, spec: str) -> str:
+    width = spec.split(".")[0]
+    return f"{'n/a':>{width}}" if value is None else format(value * scale, spec)
+
+
+def print_relative(results: list[dict]) -> None:
+    """Add `vs_IQL` to every row (upd/s over IQL's, same precision and compile) and print the ratios."""
+    def rate(name: str, row: dict) -> float | None:
+        return next((other["updates_per_s"] for other in results if other["algorithm"] == name
+                     and other["precision"] == row["precision"] and other["compile"] == row["compile"]), None)
+
+    if not any(row["algorithm"] == "IQL" for row in results):
+        return
+    print("relative to IQL (same precision and compile; > 1 is faster):")
+    for row in results:
+        iql = rate("IQL", row)
+        row["vs_IQL"] = None if iql is None else row["updates_per_s"] / iql
+        if row["algorithm"] != "IQL":
+            print(f"  {row['algorithm']:<11} {row['precision']:<5} compile={row['compile']!s:<5} "
+                  f"{_number(row['vs_IQL'], 1.0, '6.3f')}x")
+    for row in results:
+        if row["algorithm"] == "OFQL" and rate("DiffusionQL", row):
+            print(f"  OFQL / DiffusionQL ({row['networks']} vs "
+                  f"{next(r['networks'] for r in results if r['algorithm'] == 'DiffusionQL')}) {row['precision']:<5} "
+                  f"compile={row['compile']!s:<5} {row['updates_per_s'] / rate('DiffusionQL', row):6.3f}x")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -185,9 +271,11 @@ def main(argv: list[str] | None = None) -> int:
     MatmulReference.clock = staticmethod(clock)
     reference = MatmulReference(torch.float32)
     bf16_reference = MatmulReference(torch.bfloat16)
+    networks = {name: network_label(make_algorithm(name, params)) for name in names}
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {platform.processor() or platform.machine()}, "
-          f"batch {args.batch_size}, 256x256 networks, obs 11 / act 3, {args.clock} clock")
-    print(f"{'algorithm':<10} {'precision':<9} {'compile':<7} {'upd/s':>8} {'best':>8} {'MFLOP/upd':>10} "
+          f"batch {args.batch_size}, obs 11 / act 3, {args.clock} clock")
+    print("hidden layers: " + ", ".join(f"{name} {label}" for name, label in networks.items()))
+    print(f"{'algorithm':<11} {'precision':<9} {'compile':<7} {'upd/s':>8} {'best':>8} {'MFLOP/upd':>10} "
           f"{'GFLOP/s':>8} {'roofline':>8}")
     results = []
     for name in names:
@@ -196,12 +284,15 @@ def main(argv: list[str] | None = None) -> int:
             for precision in precisions:
                 timing = time_config(name, dataset, args.batch_size, precision, compile_, args.repeats, args.warmup,
                                      reference, flops, clock, params)
-                row = {"algorithm": name, "precision": precision, "compile": compile_, "flops_per_update": flops,
-                       **timing, "gflops": flops * timing["updates_per_s"] / 1e9}
+                row = {"algorithm": name, "networks": networks[name], "precision": precision, "compile": compile_,
+                       "flops_per_update": flops, **timing,
+                       "gflops": None if flops is None else flops * timing["updates_per_s"] / 1e9}
                 results.append(row)
-                print(f"{name:<10} {precision:<9} {str(compile_):<7} {row['updates_per_s']:>8.1f} "
-                      f"{row['updates_per_s_best']:>8.1f} {flops / 1e6:>10.1f} {row['gflops']:>8.1f} "
-                      f"{row['roofline_fp32']:>8.1%}", flush=True)
+                print(f"{name:<11} {precision:<9} {compile_!s:<7} {row['updates_per_s']:>8.1f} "
+                      f"{row['updates_per_s_best']:>8.1f} {_number(flops, 1e-6, '10.1f')} "
+                      f"{_number(row['gflops'], 1.0, '8.1f')} {_number(row['roofline_fp32'], 1.0, '8.1%')}",
+                      flush=True)
+    print_relative(results)
     bf16_reference.measure(0.2)
     reference.measure(0.2)
     print(f"reference matmul 256x256x256: fp32 median {reference.median / 1e9:.1f} GFLOP/s (best {reference.best / 1e9:.1f}), "

@@ -34,7 +34,7 @@ from offrl.algos.losses import critic_td_loss
 from offrl.algos.params import any_of, boolean, choice, integer, layer_sizes, real
 from offrl.nn import QEnsemble
 
-__all__ = ["GenerativeQLearning", "CandidateActor", "NoiseTable", "normalised_q_loss"]
+__all__ = ["GenerativeQLearning", "CandidateActor", "NoiseTable", "candidate_actions", "normalised_q_loss"]
 
 
 def normalised_q_loss(q: torch.Tensor, coin: torch.Tensor) -> torch.Tensor:
@@ -73,18 +73,24 @@ class CandidateActor(nn.Module):
         self.register_buffer("noise", noise.clone())
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        n, k, act_dim = self.noise.shape
-        zeros = torch.zeros_like(obs[:, :1])  # (batch, 1): broadcasts the table over the batch
-        if n == 1 or self.critic is None:
-            return self.policy(obs, zeros.unsqueeze(0) + self.noise[0].unsqueeze(1))
-        obs_dim = obs.shape[-1]
-        repeated = obs.unsqueeze(0).expand(n, -1, -1).reshape(-1, obs_dim)  # candidate-major (n * batch, obs_dim)
-        noise = zeros.unsqueeze(0).unsqueeze(0) + self.noise.unsqueeze(2)  # (n, k, batch, act_dim)
-        noise = noise.transpose(0, 1).reshape(k, -1, act_dim)
-        actions = self.policy(repeated, noise)
-        q = self.critic(repeated, actions).min(0).values.reshape(n, -1)
-        best = q.argmax(0)
-        return actions.reshape(n, -1, act_dim).gather(0, best.reshape(1, -1, 1).expand(1, -1, act_dim))[0]
+        return candidate_actions(self.policy, self.critic, self.noise, obs)
+
+
+def candidate_actions(policy: nn.Module, critic: nn.Module | None, noise_table: torch.Tensor,
+                      obs: torch.Tensor) -> torch.Tensor:
+    """Every candidate of `noise_table` (n, k, act_dim) through `policy`, the one with the highest min-Q kept."""
+    n, k, act_dim = noise_table.shape
+    zeros = torch.zeros_like(obs[:, :1])  # (batch, 1): broadcasts the table over the batch
+    if n == 1 or critic is None:
+        return policy(obs, zeros.unsqueeze(0) + noise_table[0].unsqueeze(1))
+    obs_dim = obs.shape[-1]
+    repeated = obs.unsqueeze(0).expand(n, -1, -1).reshape(-1, obs_dim)  # candidate-major (n * batch, obs_dim)
+    noise = zeros.unsqueeze(0).unsqueeze(0) + noise_table.unsqueeze(2)  # (n, k, batch, act_dim)
+    noise = noise.transpose(0, 1).reshape(k, -1, act_dim)
+    actions = policy(repeated, noise)
+    q = critic(repeated, actions).min(0).values.reshape(n, -1)
+    best = q.argmax(0)
+    return actions.reshape(n, -1, act_dim).gather(0, best.reshape(1, -1, 1).expand(1, -1, act_dim))[0]
 
 
 class GenerativeQLearning(OfflineAlgorithm):
@@ -180,8 +186,8 @@ class GenerativeQLearning(OfflineAlgorithm):
         return CandidateActor(self.policy_, self._selection_critic(), self.action_noise_.noise)
 
     def _act(self, obs: torch.Tensor, deterministic: bool) -> torch.Tensor:
-        if deterministic:
-            return self._candidate_actor()(obs)
+        if deterministic:  # what the exported module computes (CandidateActor), without building a module per call
+            return candidate_actions(self.policy_, self._selection_critic(), self.action_noise_.noise, obs)
         return self._sample(obs)
 
     def _sample(self, obs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:

@@ -82,12 +82,40 @@ class ConditionalMLP(nn.Module):
     def forward(self, obs: torch.Tensor, x: torch.Tensor, *times: torch.Tensor) -> torch.Tensor:
         if len(times) != self.n_times:
             raise ValueError(f"this network takes {self.n_times} time input(s), got {len(times)}")
+        embedded = [self._embed(t.reshape(x.shape[:-1])) for t in times]
+        return self.net(torch.cat([x, *[e.to(x.dtype) if not self.time_dim else e for e in embedded], obs], dim=-1))
+
+    def _embed(self, t: torch.Tensor) -> torch.Tensor:
         if self.time_dim:
-            embedded = [self.time_mlp(sinusoidal_embedding(self.time_scale * t.reshape(x.shape[:-1]), self.time_dim))
-                        for t in times]
+            return self.time_mlp(sinusoidal_embedding(self.time_scale * t, self.time_dim))
+        return (self.time_scale * t).unsqueeze(-1)
+
+    def forward_at(self, obs: torch.Tensor, x: torch.Tensor, times: Sequence[float]) -> torch.Tensor:
+        """`forward` with every row at the same times (floats): acting, where a one-step policy always asks for
+        u(s, eps, 0, 1).  The time features are computed for one row and broadcast; without gradients they are
+        also cached until the time network's weights change (their in-place version counters move)."""
+        if len(times) != self.n_times:
+            raise ValueError(f"this network takes {self.n_times} time input(s), got {len(times)}")
+        cacheable = not (torch.is_grad_enabled() or torch.jit.is_tracing()
+                         or torch._C._are_functorch_transforms_active())
+        key = (tuple(float(t) for t in times), x.dtype, x.device)
+        # the storage and in-place version of each time-network weight: a copy (the EMA actor) or an update
+        # never matches an entry made for other weights
+        versions = tuple((p.data_ptr(), p._version) for p in self.time_mlp.parameters()) if self.time_dim else ()
+        cache = self.__dict__.setdefault("_time_cache", {})
+        hit = cache.get(key) if cacheable else None
+        if hit is not None and hit[0] == versions:
+            features = hit[1]
         else:
-            embedded = [(self.time_scale * t).reshape(x.shape[:-1]).unsqueeze(-1).to(x.dtype) for t in times]
-        return self.net(torch.cat([x, *embedded, obs], dim=-1))
+            one = torch.ones((1,), dtype=torch.float32, device=x.device)
+            features = torch.cat([self._embed(one * t) for t in key[0]], dim=-1).to(x.dtype)
+            if cacheable:
+                cache[key] = (versions, features)
+        if torch.jit.is_tracing():  # a traced module must take any batch size: broadcast, no recorded size
+            features = torch.zeros_like(x[:, :1]) + features
+        else:
+            features = features.expand(x.shape[0], -1)
+        return self.net(torch.cat([x, features, obs], dim=-1))
 
     @property
     def has_tangent_pass(self) -> bool:
@@ -376,7 +404,10 @@ def meanflow_sample(model: Callable[..., torch.Tensor], obs: torch.Tensor, act_d
     one = torch.ones_like(x[:, :1])
     for k in range(n_steps):
         t, r = 1.0 - k / n_steps, 1.0 - (k + 1) / n_steps
-        x = x - (t - r) * model(obs, x, one * r, one * t)
+        if isinstance(model, ConditionalMLP):  # constant times: their features computed once
+            x = x - (t - r) * model.forward_at(obs, x, (r, t))
+        else:
+            x = x - (t - r) * model(obs, x, one * r, one * t)
     return x
 
 
@@ -480,6 +511,9 @@ class MeanFlowPolicy(_GenerativePolicy):
         self.flow_ratio, self.time_mu, self.time_sigma = float(flow_ratio), float(time_mu), float(time_sigma)
 
     def sample_unit(self, obs, generator=None, noise=None):
+        if self.sample_steps == 1:  # a = eps - u(s, eps, 0, 1), the acting path kept to the fewest operations
+            eps = self.draw_noise(obs, generator)[0] if noise is None else noise[0]
+            return eps - self.velocity.forward_at(obs, eps, (0.0, 1.0))
         return meanflow_sample(self.velocity, obs, self.action_dim, generator, None if noise is None else noise[0],
                                self.sample_steps)
 
