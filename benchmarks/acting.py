@@ -19,6 +19,7 @@ batch 1 it is decisions per second.
   DiffusionQL-1: n_action_samples=1, the zero-noise chain alone;
 - EDP: as DiffusionQL (50 candidates, the critics pick);
 - FQL: the one-step policy mu(s, z = 0), one 4x512 MLP (n_action_samples=1);
+  FQL-2x256: the same at IQL's network size (2x256 GELU);
   FQL-flow: the BC flow FQL distils from, 10 Euler steps, through the same
   `predict` call with `_act` replaced by `_export_actor(policy="flow")`;
 - OFQL: one average-velocity evaluation a = -u(s, 0, 0, 1) (n_action_samples=1).
@@ -61,6 +62,9 @@ MODELS: dict[str, tuple[str, dict[str, Any], str]] = {
     "DiffusionQL-1": ("DiffusionQL", {"n_action_samples": 1}, "predict"),
     "EDP": ("EDP", {"n_action_samples": 50}, "predict"),
     "FQL": ("FQL", {"n_action_samples": 1}, "predict"),
+    # FQL's one-step policy at IQL's network size (2x256): the cost of the method rather than of its 4x512 nets
+    "FQL-2x256": ("FQL", {"n_action_samples": 1, "actor_hidden_dims": (256, 256), "hidden_dims": (256, 256)},
+                  "predict"),
     "FQL-flow": ("FQL", {"n_action_samples": 1}, "flow"),
     "OFQL": ("OFQL", {"n_action_samples": 1}, "predict"),
 }

@@ -348,6 +348,9 @@ class BaseEstimator(sklearn.base.BaseEstimator):
         example = torch.zeros(1, self.spec_["observation_dim"])
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)  # TorchScript is what runs without offrl
+            # Python branches on shapes (one candidate or many) are fixed at export by design; the module is
+            # written with shape-free operations, so it takes any batch size (tests check it).
+            warnings.simplefilter("ignore", torch.jit.TracerWarning)
             scripted = torch.jit.trace(module, example, check_trace=False)
         with atomic_write_path(path) as tmp:
             scripted.save(tmp)

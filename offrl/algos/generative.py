@@ -97,9 +97,9 @@ class GenerativeQLearning(OfflineAlgorithm):
     """Shell of the generative-policy algorithms: candidates, twin critics, EMA actor, clipped steps.
 
     A subclass builds `policy_` (an `offrl.nn.generative` policy) and calls
-    `_build_shared(spec, critic_kwargs)`; its `_update` uses `_critic_step`,
-    `_optimizer_step` and `_update_ema`.  `_selection_critic()` names the
-    critic that scores candidates.
+    `_build_shared(spec, critic_hidden=...)`; its `_update` uses
+    `_critic_loss` (or its own), `_optimizer_step` and `_update_ema`.
+    `_selection_critic()` names the critic that scores candidates.
     """
 
     _param_rules = {
@@ -122,7 +122,8 @@ class GenerativeQLearning(OfflineAlgorithm):
             self.ema_policy_ = copy.deepcopy(self.policy_).requires_grad_(False)
         self.actor_optimizer_ = make_adam(self.policy_.parameters(), self.actor_lr, device)
         self.critic_optimizer_ = make_adam(self.critic_.parameters(), self.critic_lr, device)
-        seed = _seed_from(getattr(self, "random_state", None)) if getattr(self, "random_state", None) is not None else 0
+        # The fixed noise of deterministic acting: its own stream, from random_state (saved with the model).
+        seed = 0 if self.random_state is None else _seed_from(self.random_state)
         self.action_noise_ = NoiseTable(int(self.n_action_samples), self.policy_.noise_count, act_dim, seed).to(device)
         self._actor_params = list(self.policy_.parameters())
 
@@ -157,12 +158,6 @@ class GenerativeQLearning(OfflineAlgorithm):
                 target = rewards + self.gamma * (1.0 - terminals) * self._target_q(next_obs)
             q = self.critic_(obs, actions)
             return critic_td_loss(q, target), q.mean().detach()
-
-    def _critic_step(self, batch: Any) -> dict[str, torch.Tensor]:
-        loss, q_mean = self._critic_loss(batch.observations, batch.actions, batch.rewards, batch.terminals,
-                                         batch.next_observations)
-        self._optimizer_step(self.critic_optimizer_, loss, self._critic_params)
-        return {"critic_loss": loss.detach(), "q_mean": q_mean}
 
     @property
     def _critic_params(self) -> list[torch.Tensor]:
