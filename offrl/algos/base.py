@@ -252,7 +252,7 @@ class BaseEstimator(sklearn.base.BaseEstimator):
 
     def _as_obs_tensor(self, observations: Any) -> tuple[torch.Tensor, bool]:
         self._check_fitted()
-        obs = np.asarray(observations, dtype=np.float32)
+        obs = np.ascontiguousarray(observations, dtype=np.float32)  # reversed or strided views too
         single = obs.ndim == 1
         if single:
             obs = obs[None]
@@ -301,7 +301,7 @@ class BaseEstimator(sklearn.base.BaseEstimator):
         train on `rewards * spec_["reward_scale"] + spec_["reward_bias"]`.
         """
         obs, single = self._as_obs_tensor(observations)
-        act = torch.as_tensor(np.asarray(actions, np.float32), device=self.device_).reshape(len(obs), -1)
+        act = torch.as_tensor(np.ascontiguousarray(actions, np.float32), device=self.device_).reshape(len(obs), -1)
         value = self._value(self.obs_normalizer_(obs), act).float().cpu().numpy()
         return value[0] if single else value
 

@@ -92,25 +92,22 @@ class ConditionalMLP(nn.Module):
 
     def forward_at(self, obs: torch.Tensor, x: torch.Tensor, times: Sequence[float]) -> torch.Tensor:
         """`forward` with every row at the same times (floats): acting, where a one-step policy always asks for
-        u(s, eps, 0, 1).  The time features are computed for one row and broadcast; without gradients they are
-        also cached until the time network's weights change (their in-place version counters move)."""
+        u(s, eps, 0, 1).  The time features are computed once for the batch, in one small pass of the time
+        network over the (kept) sinusoidal features of those constants, and broadcast."""
         if len(times) != self.n_times:
             raise ValueError(f"this network takes {self.n_times} time input(s), got {len(times)}")
-        cacheable = not (torch.is_grad_enabled() or torch.jit.is_tracing()
-                         or torch._C._are_functorch_transforms_active())
-        key = (tuple(float(t) for t in times), x.dtype, x.device)
-        # the storage and in-place version of each time-network weight: a copy (the EMA actor) or an update
-        # never matches an entry made for other weights
-        versions = tuple((p.data_ptr(), p._version) for p in self.time_mlp.parameters()) if self.time_dim else ()
-        cache = self.__dict__.setdefault("_time_cache", {})
-        hit = cache.get(key) if cacheable else None
-        if hit is not None and hit[0] == versions:
-            features = hit[1]
+        if self.time_dim:
+            # sin/cos of constants depend on nothing learnt, so they are kept; the time network is not (its
+            # weights change with every step), so it runs on every call.
+            key = (tuple(float(t) for t in times), x.device)
+            cache = self.__dict__.setdefault("_sinusoid_cache", {})
+            sinusoids = cache.get(key)
+            if sinusoids is None:
+                scaled = self.time_scale * torch.tensor(key[0], dtype=torch.float32, device=x.device)
+                sinusoids = cache[key] = sinusoidal_embedding(scaled, self.time_dim)
+            features = self.time_mlp(sinusoids).reshape(1, -1)
         else:
-            one = torch.ones((1,), dtype=torch.float32, device=x.device)
-            features = torch.cat([self._embed(one * t) for t in key[0]], dim=-1).to(x.dtype)
-            if cacheable:
-                cache[key] = (versions, features)
+            features = torch.tensor([[self.time_scale * float(t) for t in times]], dtype=x.dtype, device=x.device)
         if torch.jit.is_tracing():  # a traced module must take any batch size: broadcast, no recorded size
             features = torch.zeros_like(x[:, :1]) + features
         else:
