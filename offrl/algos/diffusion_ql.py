@@ -138,16 +138,7 @@ class DiffusionQL(GenerativeQLearning):
             q_loss = normalised_q_loss(self.critic_(obs, new_actions), coin)
             return bc_loss + self.eta * q_loss, bc_loss, q_loss
 
-    def _update(self, batch: Batch, step: int) -> dict[str, torch.Tensor]:
-        critic_loss, q_mean = self._critic_loss_fn(batch.observations, batch.actions, batch.rewards, batch.terminals,
-                                                   batch.next_observations)
-        self._optimizer_step(self.critic_optimizer_, critic_loss, self._critic_params)
-        actor_loss, bc_loss, q_loss = self._actor_loss_fn(batch.observations, batch.actions, self._coin())
-        self._optimizer_step(self.actor_optimizer_, actor_loss, self._actor_params)
-        self._update_ema(step)
-        soft_update_(self.critic_target_, self.critic_, self.tau)
-        return {"critic_loss": critic_loss.detach(), "q_mean": q_mean, "actor_loss": actor_loss.detach(),
-                "bc_loss": bc_loss.detach(), "q_loss": q_loss.detach()}
+    # _update: GenerativeQLearning's (critics, then the actor on them, the EMA actor, the target critics).
 
     def _selection_critic(self) -> torch.nn.Module:
         return self.critic_target_  # the official sample_action scores candidates with the target critics

@@ -32,7 +32,7 @@ from torch import nn
 from offrl.algos.base import OfflineAlgorithm, _seed_from
 from offrl.algos.losses import critic_td_loss
 from offrl.algos.params import any_of, boolean, choice, integer, layer_sizes, real
-from offrl.nn import QEnsemble
+from offrl.nn import QEnsemble, soft_update_
 
 __all__ = ["GenerativeQLearning", "CandidateActor", "NoiseTable", "candidate_actions", "normalised_q_loss"]
 
@@ -162,6 +162,19 @@ class GenerativeQLearning(OfflineAlgorithm):
     @property
     def _critic_params(self) -> list[torch.Tensor]:
         return list(self.critic_.parameters())
+
+    def _update(self, batch: Any, step: int) -> dict[str, torch.Tensor]:
+        """Diffusion-QL's step, OFQL's too: the critics, then the actor (BC + eta * Q term, from the subclass's
+        `_actor_loss_fn(obs, actions, coin)`) on the critics just updated, the EMA actor, the target critics."""
+        critic_loss, q_mean = self._critic_loss_fn(batch.observations, batch.actions, batch.rewards, batch.terminals,
+                                                   batch.next_observations)
+        self._optimizer_step(self.critic_optimizer_, critic_loss, self._critic_params)
+        actor_loss, bc_loss, q_loss = self._actor_loss_fn(batch.observations, batch.actions, self._coin())
+        self._optimizer_step(self.actor_optimizer_, actor_loss, self._actor_params)
+        self._update_ema(step)
+        soft_update_(self.critic_target_, self.critic_, self.tau)
+        return {"critic_loss": critic_loss.detach(), "q_mean": q_mean, "actor_loss": actor_loss.detach(),
+                "bc_loss": bc_loss.detach(), "q_loss": q_loss.detach()}
 
     def _update_ema(self, step: int) -> None:
         """Diffusion-QL's EMA: untouched before `ema_start`, then every `ema_every` steps ema <- decay ema + (1-decay) pi."""
