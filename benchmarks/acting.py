@@ -79,7 +79,7 @@ def describe(algo: Any, path: str) -> str:
     if name == "IQL":
         return "Gaussian mean"
     candidates = params.get("n_action_samples", 1)
-    pick = f" x{candidates}, argmax Q" if candidates > 1 else ""
+    pick = f" x{candidates}, softmax Q" if candidates > 1 else ""
     if name in ("DiffusionQL", "EDP"):
         return f"{params['n_diffusion_steps']}-step DDPM{pick}"
     if name == "FQL":

@@ -291,8 +291,16 @@ def test_predict_is_a_function_of_the_observation_and_sample_action_is_random(na
     np.testing.assert_allclose(one_by_one, batch, rtol=0, atol=1e-6)
     shuffled = np.random.default_rng(4).permutation(len(obs))
     np.testing.assert_allclose(algo.predict(obs[shuffled]), batch[shuffled], rtol=0, atol=1e-6)
-    assert not np.allclose(batch, batch[0])  # the action depends on the observation
     assert np.all(np.abs(batch) <= 1.0)
+    # each action is one of that observation's candidates (the fixed noise table through the policy), and the
+    # zero-noise candidate depends on the observation
+    with torch.no_grad():
+        normalised = algo.obs_normalizer_(torch.as_tensor(obs))
+        table = algo.action_noise_.noise
+        candidates = torch.stack([algo.policy_(normalised, row.unsqueeze(1).expand(-1, len(obs), -1))
+                                  for row in table]).numpy()
+    assert not np.allclose(candidates[0], candidates[0][0])
+    assert all(np.abs(candidates[:, i] - batch[i]).max(-1).min() <= 1e-6 for i in range(len(obs)))
 
     first, second = algo.sample_action(obs), algo.sample_action(obs)
     assert first.shape == batch.shape and np.all(np.abs(first) <= 1.0)
@@ -343,9 +351,10 @@ def bandit_dataset(n: int = 1000, seed: int = 0) -> Dataset:
 def test_diffusion_ql_export_runs_the_sampler_and_the_critic_that_picks_the_candidate(tmp_path):
     bandit = bandit_dataset()
     # tau=1: DiffusionQL picks candidates with the target critics, which must have learnt something in 30 steps
+    # reward_scale=100: Q differences between candidates large enough for softmax(Q) to tell them apart
     algo = DiffusionQL(**TINY, n_diffusion_steps=3, normalize_observations=True, tau=1.0, critic_lr=3e-3,
-                       random_state=0)
-    algo.fit(bandit, n_steps=30, progress=False)
+                       reward_scale=100.0, random_state=0)
+    algo.fit(bandit, n_steps=300, progress=False)
     assert algo.n_action_samples == 50
     module = exported(algo, tmp_path / "policy.pt")
     assert tuple(module.actor.noise.shape) == (50, 3, 1) and hasattr(module.actor, "critic")
@@ -354,7 +363,7 @@ def test_diffusion_ql_export_runs_the_sampler_and_the_critic_that_picks_the_cand
     np.testing.assert_array_equal(actions, algo.predict(obs))
 
     # the same choice, written out row by row: each candidate's chain on its fixed noise, the target
-    # critics' min Q, the best candidate
+    # critics' min Q, the candidate the fixed softmax draw picks
     with torch.no_grad():
         normalised = algo.obs_normalizer_(torch.as_tensor(obs))
         noise = algo.action_noise_.noise  # (candidates, noise vectors, action_dim)
@@ -364,7 +373,10 @@ def test_diffusion_ql_export_runs_the_sampler_and_the_critic_that_picks_the_cand
             row = row.unsqueeze(0)
             candidates = torch.cat([algo.policy_(row, table.unsqueeze(1)) for table in noise])
             q = algo.critic_target_(row.expand(len(noise), -1), candidates).min(0).values
-            best_index.append(int(q.argmax()))
+            # the papers' softmax(Q) draw, fixed at its median: the first candidate whose cumulative
+            # probability passes 1/2
+            cumulative = torch.softmax(q, dim=0).cumsum(0)
+            best_index.append(min(int((cumulative < 0.5).sum()), len(noise) - 1))
             expected.append(candidates[best_index[-1]])
     np.testing.assert_allclose(actions, torch.stack(expected).numpy(), rtol=0, atol=1e-5)
     assert np.all(np.abs(actions) <= 2.0)
@@ -398,7 +410,7 @@ def test_predict_during_training_sees_the_updated_weights(name, episodic, tmp_pa
     cache of OFQL's constant time features that an optimiser step does not invalidate."""
     obs = episodic.observations[:7]
     during = []
-    algo = TINY_MODELS[name](random_state=0)
+    algo = TINY_MODELS[name](random_state=0, n_action_samples=1)  # the policy's own path, no candidate choice
     algo.fit(episodic, n_steps=30, log_every=10, progress=False,
              callbacks=[lambda algo, step, metrics: during.append(algo.predict(obs))])
     assert len(during) == 3 and not np.allclose(during[0], during[-1])

@@ -7,12 +7,13 @@ the estimator side, written once:
   observation and one is chosen by the critic.  Stochastic acting
   (`sample_action`) draws fresh noise and picks by softmax(Q), the
   papers' evaluation protocol.  Deterministic acting (`predict`,
-  `evaluate`, `export_policy`) uses a fixed noise table instead, saved
-  with the model: candidate 0 is the zero-noise path (the mean of the
-  prior at every step), the others are fixed draws, and the candidate with
-  the highest Q wins.  So a deterministic action is a function of the
-  observation alone: the same in any batch, after `offrl.load`, and in
-  the exported TorchScript module, which runs the whole sampler;
+  `evaluate`, `export_policy`) is the same protocol with its randomness
+  fixed: a noise table saved with the model (candidate 0 is the zero-noise
+  path, the mean of the prior at every step; the others are fixed draws)
+  and the softmax(Q) draw fixed at its median.  So a deterministic action
+  is a function of the observation alone: the same in any batch, after
+  `offrl.load`, and in the exported TorchScript module, which runs the
+  whole sampler;
 - twin critics with a TD loss to min_i Q'_i(s', a'), optionally with
   Diffusion-QL's max-Q backup over several sampled a';
 - an EMA copy of the actor (Diffusion-QL: decay 0.995, every 5 steps from
@@ -34,7 +35,8 @@ from offrl.algos.losses import critic_td_loss
 from offrl.algos.params import any_of, boolean, choice, integer, layer_sizes, real
 from offrl.nn import QEnsemble, soft_update_
 
-__all__ = ["GenerativeQLearning", "CandidateActor", "NoiseTable", "candidate_actions", "normalised_q_loss"]
+__all__ = ["GenerativeQLearning", "CandidateActor", "NoiseTable", "candidate_actions", "normalised_q_loss",
+           "SELECTION_QUANTILE"]
 
 
 def normalised_q_loss(q: torch.Tensor, coin: torch.Tensor) -> torch.Tensor:
@@ -60,7 +62,7 @@ class NoiseTable(nn.Module):
 
 
 class CandidateActor(nn.Module):
-    """Deterministic acting: every candidate of the noise table through the sampler, the highest Q chosen.
+    """Deterministic acting: every candidate of the noise table through the sampler, one chosen by softmax(Q).
 
     Written with shape-free tensor operations only, so `torch.jit.trace`
     on a batch of one gives a module that takes any batch size.
@@ -78,7 +80,7 @@ class CandidateActor(nn.Module):
 
 def candidate_actions(policy: nn.Module, critic: nn.Module | None, noise_table: torch.Tensor,
                       obs: torch.Tensor) -> torch.Tensor:
-    """Every candidate of `noise_table` (n, k, act_dim) through `policy`, the one with the highest min-Q kept."""
+    """Every candidate of `noise_table` (n, k, act_dim) through `policy`, one kept by softmax(min-Q) at its median."""
     n, k, act_dim = noise_table.shape
     zeros = torch.zeros_like(obs[:, :1])  # (batch, 1): broadcasts the table over the batch
     if n == 1 or critic is None:
@@ -89,8 +91,16 @@ def candidate_actions(policy: nn.Module, critic: nn.Module | None, noise_table: 
     noise = noise.transpose(0, 1).reshape(k, -1, act_dim)
     actions = policy(repeated, noise)
     q = critic(repeated, actions).min(0).values.reshape(n, -1)
-    best = q.argmax(0)
-    return actions.reshape(n, -1, act_dim).gather(0, best.reshape(1, -1, 1).expand(1, -1, act_dim))[0]
+    # The papers' softmax(Q) choice with its random draw fixed at the median: the first candidate whose
+    # cumulative probability passes 1/2.  (An argmax instead exploits the critic's errors on out-of-data
+    # candidates: on hopper medium-replay after 5,000 steps it scored 0.9 where the softmax draw scored 13.5.)
+    cumulative = torch.softmax(q.float(), dim=0).cumsum(0)
+    picked = (cumulative < SELECTION_QUANTILE).sum(0).clamp(max=n - 1)
+    return actions.reshape(n, -1, act_dim).gather(0, picked.reshape(1, -1, 1).expand(1, -1, act_dim))[0]
+
+
+#: The fixed draw of deterministic acting's softmax(Q) choice among candidates.
+SELECTION_QUANTILE = 0.5
 
 
 class GenerativeQLearning(OfflineAlgorithm):
