@@ -433,7 +433,7 @@ def dataset_problem(spec: str, build: bool = True, options: Mapping[str, Any] | 
         except (ValueError, TypeError) as err:
             return str(err)
         return f"offrl dataset {rest!r} is not built; run `offrl datasets build {rest}` or set build: true"
-    path = Path(spec).expanduser()
+    path = Path(os.path.expandvars(spec)).expanduser()
     if path.suffix not in (".hdf5", ".h5", ".npz"):
         return f"cannot load {spec!r}: use d4rl:<name>, minari:<id>, offrl:<name>, or a .hdf5/.npz path"
     return None if path.exists() else f"dataset file {path} does not exist"

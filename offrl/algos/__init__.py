@@ -16,6 +16,10 @@ _ALGORITHMS = {
     "EDP": "offrl.algos.diffusion_ql",
     "FQL": "offrl.algos.flow_ql",
     "OFQL": "offrl.algos.flow_ql",
+    "XQL": "offrl.algos.dual",
+    "FDVL": "offrl.algos.dual",
+    "ReCOIL": "offrl.algos.dual",
+    "Guide": "offrl.algos.guide",
     "OfflineAlgorithm": "offrl.algos.base",
     "BaseEstimator": "offrl.algos.base",
 }

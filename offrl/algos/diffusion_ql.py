@@ -43,7 +43,7 @@ import torch
 
 from offrl.algos.base import make_adam
 from offrl.algos.generative import GenerativeQLearning, normalised_q_loss
-from offrl.algos.iql import expectile_loss
+from offrl.algos.losses import expectile_loss
 from offrl.algos.losses import critic_td_loss
 from offrl.algos.params import choice, integer, real
 from offrl.datasets.core import Batch

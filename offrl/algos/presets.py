@@ -55,6 +55,20 @@ _DIFFUSION_QL: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("kitchen-mixed",), {"eta": 0.005, "max_grad_norm": 10.0}),
 ]
 
+# XQL's reproduce/ scripts (Div99/XQL offline): the Gumbel temperature --temp and the exponent clip --max_clip per
+# dataset.  (hopper-medium-expert also adds one uniform random action per state to the value loss,
+# --sample_random_times=1, which offrl does not implement.)  AntMaze follows IQL's reward and AWR settings.
+_XQL: list[tuple[tuple[str, ...], dict[str, Any]]] = [
+    (("hopper-medium-replay", "hopper-medium-expert"), {"beta": 2.0, "max_clip": 7.0}),
+    (("halfcheetah-medium-replay", "halfcheetah-medium-expert"), {"beta": 1.0, "max_clip": 5.0}),
+    (("walker2d-medium-replay",), {"beta": 5.0, "max_clip": 5.0}),
+    (("walker2d-medium-expert",), {"beta": 2.0, "max_clip": 5.0}),
+    (("hopper-medium",), {"beta": 5.0, "max_clip": 7.0}),
+    (("halfcheetah-medium",), {"beta": 2.0, "max_clip": 7.0}),  # mujoco_consistent.sh
+    (("walker2d-medium",), {"beta": 10.0, "max_clip": 7.0}),
+    (("antmaze",), {"temperature": 10.0, "reward_normalization": None, "reward_bias": -1.0}),
+]
+
 # algorithm -> list of (families, overrides).  Sources: IQL's train_offline.py and
 # configs (Kostrikov et al.), CORL's cql / cal_ql YAML configs (AntMaze, Adroit), Diffusion-QL's main.py,
 # EDP's hps.py, FQL's README.
@@ -89,6 +103,11 @@ PRESETS: dict[str, list[tuple[tuple[str, ...], dict[str, Any]]]] = {
     ],
     "TD3PlusBC": [],
     "BC": [],
+    "XQL": _XQL,
+    # f-DVL's public code gives one run line (halfcheetah-medium-expert: chi-square, --temp=1, --max_clip=5); its
+    # per-dataset lambdas are not public, so f-DVL keeps its defaults but for AntMaze's rewards and AWR.
+    "FDVL": [(("antmaze",), {"temperature": 10.0, "reward_normalization": None, "reward_bias": -1.0})],
+    "ReCOIL": [],
     "DiffusionQL": _DIFFUSION_QL,
     # EDP's hps.py copies Diffusion-QL's gradient-norm table and its trainer reads only that entry.
     "EDP": [(families, {"max_grad_norm": params["max_grad_norm"]}) for families, params in _DIFFUSION_QL],

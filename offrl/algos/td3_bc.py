@@ -5,6 +5,8 @@
     actor:   -lambda Q_1(s, pi(s)) + (pi(s) - a)^2,  lambda = alpha / mean |Q_1(s, pi(s))|
 
 every `policy_freq`-th step, followed by Polyak updates of both targets.
+`guide=` plugs in GORL (`offrl.algos.guide`): the Q term of each sample is
+scaled by w(s, a), a guiding network trained from expert demonstrations.
 Defaults are the paper's: alpha 2.5, noise 0.2 clipped at 0.5, policy delay
 2, Adam 3e-4, tau 0.005, gamma 0.99, 256x256 networks, normalised states.
 Noise and the BC term are measured in [-1, 1] action units, which is the
@@ -19,22 +21,26 @@ from typing import Any, Sequence
 import torch
 
 from offrl.algos.base import OfflineAlgorithm, make_adam
+from offrl.algos.guide import GuidedMixin, call_policy, guided_scales
 from offrl.algos.params import integer, real
 from offrl.algos.losses import critic_td_loss, mse_bc_loss
-from offrl.datasets.core import Batch
+from offrl.datasets.core import Batch, Dataset
 from offrl.nn import DeterministicPolicy, QEnsemble, soft_update_
 
 __all__ = ["TD3PlusBC", "td3_bc_actor_loss"]
 
 
 def td3_bc_actor_loss(q: torch.Tensor, policy_actions: torch.Tensor, data_actions: torch.Tensor,
-                      alpha: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(-lambda * mean Q + mean (pi(s) - a)^2, lambda) with lambda = alpha / mean |Q| (not differentiated)."""
+                      alpha: float, weights: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(-lambda * mean Q + mean (pi(s) - a)^2, lambda) with lambda = alpha / mean |Q| (not differentiated).
+
+    `weights` (GORL) scale each sample's Q term: -lambda * mean(w Q)."""
     lmbda = alpha / q.abs().mean().detach()
-    return -lmbda * q.mean() + mse_bc_loss(policy_actions, data_actions), lmbda
+    improvement = q.mean() if weights is None else (weights * q).mean()
+    return -lmbda * improvement + mse_bc_loss(policy_actions, data_actions), lmbda
 
 
-class TD3PlusBC(OfflineAlgorithm):
+class TD3PlusBC(GuidedMixin, OfflineAlgorithm):
     """TD3+BC: deterministic actor, twin critics (one batched ensemble), delayed actor updates."""
 
     _param_rules = {"alpha": real(0, None), "policy_noise": real(0, None), "noise_clip": real(0, None),
@@ -63,6 +69,7 @@ class TD3PlusBC(OfflineAlgorithm):
         log_every: int = 100,
         device: str = "auto",
         random_state: Any = None,
+        guide: Any = None,
     ) -> None:
         self.alpha = alpha
         self.hidden_dims = hidden_dims
@@ -84,6 +91,7 @@ class TD3PlusBC(OfflineAlgorithm):
         self.log_every = log_every
         self.device = device
         self.random_state = random_state
+        self.guide = guide
 
     def _build(self, spec: dict[str, Any]) -> None:
         device = self.device_
@@ -99,6 +107,13 @@ class TD3PlusBC(OfflineAlgorithm):
         self._last_actor_metrics = {"actor_loss": zero, "lambda": zero}
         self._critic_loss = self._maybe_compile(self._critic_loss_eager)
         self._actor_loss = self._maybe_compile(self._actor_loss_eager)
+        self._build_guide(spec)
+        if self.guide is not None:
+            self._last_actor_metrics.update(guide_loss=zero, guide_scale_std=zero)
+
+    def _make_sampler(self, dataset: Dataset) -> Any:
+        self._prepare_guide(dataset)
+        return super()._make_sampler(dataset)
 
     # ------------------------------------------------------------------ losses on a batch
     def _critic_loss_eager(self, obs, actions, rewards, terminals, next_obs):
@@ -114,12 +129,29 @@ class TD3PlusBC(OfflineAlgorithm):
             loss = critic_td_loss(q, target)
         return loss, q[0].mean().detach()
 
-    def _actor_loss_eager(self, obs, actions):
+    def _actor_loss_eager(self, obs, actions, weights=None):
         policy = self.policy_
         with self._autocast():
             pi = policy(obs)[0]
             q = self.critic_(obs, pi, members=slice(0, 1))[0]
-            return td3_bc_actor_loss(q, policy.to_unit(pi), policy.to_unit(actions), self.alpha)
+            return td3_bc_actor_loss(q, policy.to_unit(pi), policy.to_unit(actions), self.alpha, weights)
+
+    def _guided_weights(self, obs, actions, step):
+        """GORL: one guide update, then the per-sample weights w(s, a) of this batch's Q term."""
+        policy = self.policy_
+
+        def actor_loss_of(params, scales):
+            with self._autocast():
+                pi = call_policy(policy, params, obs)[0]
+                q = self.critic_(obs, pi, members=slice(0, 1))[0]
+                return td3_bc_actor_loss(q, policy.to_unit(pi), policy.to_unit(actions), self.alpha, scales)[0]
+
+        def expert_loss_of(params, expert_obs, expert_actions):
+            with self._autocast():
+                pi = call_policy(policy, params, expert_obs)[0]
+                return mse_bc_loss(policy.to_unit(pi), policy.to_unit(expert_actions))
+
+        return guided_scales(self, obs, actions, step, actor_loss_of, expert_loss_of)
 
     # ------------------------------------------------------------------ one step
     def _update(self, batch: Batch, step: int) -> dict[str, torch.Tensor]:
@@ -131,13 +163,16 @@ class TD3PlusBC(OfflineAlgorithm):
         metrics = {"critic_loss": critic_loss.detach(), "q_mean": q_mean}
         if (step + 1) % self.policy_freq == 0:
             # The actor sees the critic just updated (the paper's order); only actor gradients are computed.
-            actor_loss, lmbda = self._actor_loss(batch.observations, batch.actions)
+            weights, guide_metrics = None, {}
+            if self.guide is not None:
+                weights, guide_metrics = self._guided_weights(batch.observations, batch.actions, step)
+            actor_loss, lmbda = self._actor_loss(batch.observations, batch.actions, weights)
             self.actor_optimizer_.zero_grad(set_to_none=True)
             actor_loss.backward(inputs=self._actor_params)
             self.actor_optimizer_.step()
             soft_update_(self.critic_target_, self.critic_, self.tau)
             soft_update_(self.policy_target_, self.policy_, self.tau)
-            self._last_actor_metrics = {"actor_loss": actor_loss.detach(), "lambda": lmbda}
+            self._last_actor_metrics = {"actor_loss": actor_loss.detach(), "lambda": lmbda, **guide_metrics}
         metrics.update(self._last_actor_metrics)
         return metrics
 

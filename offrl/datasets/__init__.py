@@ -36,6 +36,9 @@ def load(spec: str | os.PathLike, download: bool = False, **kwargs: Any) -> Data
       (`kwargs`: the budget it was built with, see `load_built`; to build it
       on first use call `offrl.builder.load_or_build`);
     - a path to a `.npz` file written by `Dataset.save`.
+
+    Paths may use `~` and environment variables (`$OFFRL_DATA_DIR/dual/demos.npz`), so sweep configs can
+    name files under the data directory.
     """
     from offrl.datasets import d4rl
 
@@ -55,7 +58,7 @@ def load(spec: str | os.PathLike, download: bool = False, **kwargs: Any) -> Data
             raise TypeError(f"load({spec!r}, build=...) is gone: load reads built datasets only; build on first use "
                             f"with offrl.builder.load_or_build({rest!r}, ...) or `offrl datasets build {rest}`")
         return load_built(rest, **kwargs)
-    path = Path(spec).expanduser()
+    path = Path(os.path.expandvars(spec)).expanduser()
     if path.suffix in (".hdf5", ".h5"):
         if not path.exists():
             raise FileNotFoundError(f"no D4RL-layout file at {path}; check the path")

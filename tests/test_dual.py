@@ -1,0 +1,352 @@
+"""Dual RL (XQL, f-DVL, ReCOIL) and GORL: the value losses' optima, a stable Gumbel exponent, the guide as a
+plug-in that reduces exactly to its base algorithm, ReCOIL without rewards, and the usual estimator surface."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import sklearn.base
+import torch
+
+import offrl
+from offrl.algos import FDVL, IQL, XQL, BC, ReCOIL, TD3PlusBC
+from offrl.algos.guide import Guide, as_guide
+from offrl.algos.losses import (VALUE_LOSSES, chi_square_loss, expectile_loss, gumbel_loss, total_variation_loss,
+                                value_loss)
+from offrl.algos.params import InvalidParameterError
+from offrl.algos.presets import preset_params
+from offrl.datasets import Dataset
+from offrl.monitor import TrainingDivergedError
+
+from conftest import pendulum_shaped_dataset
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+SMALL = dict(hidden_dims=(32, 32), batch_size=32)
+
+
+# ---------------------------------------------------------------------------------------------- the value losses
+
+
+def descend(loss_of, x: torch.Tensor, steps: int = 4000) -> float:
+    """Minimise loss_of(x - v) over a scalar v by Adam with a decaying step (float64); returns v."""
+    v = torch.zeros((), dtype=torch.float64, requires_grad=True)
+    optimizer = torch.optim.Adam([v], lr=0.05)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: 0.5 * (1 + math.cos(math.pi * i / steps)) + 1e-4)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        loss_of(x - v).backward()
+        optimizer.step()
+        schedule.step()
+    return float(v.detach())
+
+
+def bisect(f, low: float, high: float) -> float:
+    """The root of a decreasing f on [low, high] (f(low) > 0 > f(high))."""
+    for _ in range(200):
+        mid = 0.5 * (low + high)
+        low, high = (mid, high) if f(mid) > 0 else (low, mid)
+    return 0.5 * (low + high)
+
+
+@pytest.fixture(scope="module")
+def q_values() -> np.ndarray:
+    return np.random.default_rng(0).gamma(2.0, 1.0, size=4000) - 2.0  # skewed, so each statistic is distinct
+
+
+def test_expectile_loss_reaches_the_expectile(q_values):
+    x = torch.as_tensor(q_values)
+    tau = 0.8
+    # The tau-expectile v solves tau E(x - v)+ = (1 - tau) E(v - x)+.
+    expected = bisect(lambda v: tau * np.maximum(q_values - v, 0).mean() - (1 - tau) * np.maximum(v - q_values, 0).mean(),
+                      q_values.min(), q_values.max())
+    assert descend(lambda d: expectile_loss(d, tau), x) == pytest.approx(expected, abs=1e-4)
+    assert expected > q_values.mean() + 0.3  # an upper statistic, not the mean
+
+
+@pytest.mark.parametrize("beta", [0.5, 2.0])
+def test_gumbel_loss_reaches_the_log_sum_exp(q_values, beta):
+    x = torch.as_tensor(q_values)
+    expected = beta * (np.logaddexp.reduce(q_values / beta) - math.log(len(q_values)))  # beta log E exp(Q / beta)
+    assert descend(lambda d: gumbel_loss(d, beta, max_clip=None), x) == pytest.approx(expected, abs=1e-3)
+    # The clip at 7 leaves it unchanged when no z exceeds 7 at the optimum.
+    assert ((q_values - expected) / beta).max() < 7.0 or beta == 0.5
+    if beta == 2.0:
+        assert descend(lambda d: gumbel_loss(d, beta, max_clip=7.0), x) == pytest.approx(expected, abs=1e-3)
+
+
+@pytest.mark.parametrize("lam", [0.6, 0.8])
+def test_total_variation_loss_reaches_its_quantile(q_values, lam):
+    x = torch.as_tensor(q_values)
+    level = (2 * lam - 1) / lam  # P(Q > v) = (1 - lam) / lam
+    v = descend(lambda d: total_variation_loss(d, lam), x)
+    assert np.mean(q_values > v) == pytest.approx((1 - lam) / lam, abs=2e-3)
+    assert v == pytest.approx(np.quantile(q_values, level), abs=0.02)
+
+
+@pytest.mark.parametrize("lam", [0.6, 0.8])
+def test_chi_square_loss_reaches_its_closed_form_optimum(q_values, lam):
+    x = torch.as_tensor(q_values)
+
+    def stationarity(v: float) -> float:  # minus the derivative in v: lam E[(1 + y/2) 1(y > 0 or y < -4)] - (1 - lam)
+        y = q_values - v
+        return lam * np.mean((1 + y / 2) * ((y > 0) | (y < -4))) - (1 - lam)
+
+    expected = bisect(stationarity, q_values.min() - 1, q_values.max())
+    assert descend(lambda d: chi_square_loss(d, lam), x) == pytest.approx(expected, abs=1e-3)
+
+
+def test_value_loss_names_every_divergence_and_refuses_others():
+    diff = torch.linspace(-1, 1, 11)
+    assert value_loss("expectile", diff, expectile=0.7) == expectile_loss(diff, 0.7)
+    assert value_loss("kl", diff, beta=2.0) == gumbel_loss(diff, 2.0)
+    assert value_loss("chi2", diff, lam=0.7) == chi_square_loss(diff, 0.7)
+    assert value_loss("tv", diff, lam=0.7) == total_variation_loss(diff, 0.7)
+    assert set(VALUE_LOSSES) == {"expectile", "kl", "chi2", "tv"}
+    with pytest.raises(ValueError, match="divergence must be one of"):
+        value_loss("js", diff)
+
+
+def test_the_gumbel_exponent_stays_finite_where_the_naive_one_overflows():
+    diff = torch.tensor([0.0, 50.0, 400.0, -3.0], requires_grad=True)  # a Q-value gap of 400 at beta 2: z = 200
+    z = diff / 2.0
+    naive = (torch.exp(z) - z - 1).mean()
+    assert not torch.isfinite(naive)  # float32 exp overflows above z ~ 88.7
+    stable = gumbel_loss(diff, 2.0, max_clip=7.0)
+    stable.backward()
+    assert torch.isfinite(stable) and torch.isfinite(diff.grad).all()
+    assert diff.grad.abs().max() <= 1.0  # the max-normalisation bounds the step
+
+
+def large_gap_dataset() -> Dataset:
+    ds = pendulum_shaped_dataset(n_episodes=6, length=40)
+    return ds.with_rewards((ds.rewards + 10.0) * 2000.0)  # rewards up to 2e4: Q runs ahead of V by thousands
+
+
+class NaiveXQL(XQL):
+    """XQL with the textbook exponent: exp(z) - z - 1, no clip, no rescaling."""
+
+    def _value_objective(self, diff):
+        z = diff / self.beta
+        return (torch.exp(z) - z - 1).mean()
+
+
+def test_xql_trains_finite_on_large_q_gaps_where_the_naive_exponent_diverges():
+    ds = large_gap_dataset()
+    # A fast MSE critic (lr 1e-2, target = critic) runs Q ahead of V by thousands within a few dozen steps.
+    params = dict(SMALL, reward_normalization=None, random_state=0, critic_loss="mse", critic_lr=1e-2, tau=1.0)
+    model = XQL(**params).fit(ds, n_steps=100, progress=False, log_every=10)
+    assert all(torch.isfinite(p).all() for p in model.value_.parameters())
+    assert all(np.isfinite(v) for v in model.last_metrics_.values())
+    with pytest.raises(TrainingDivergedError, match="value_loss"):
+        NaiveXQL(**params).fit(ds, n_steps=100, progress=False, log_every=10)
+
+
+# ---------------------------------------------------------------------------------------------- XQL and f-DVL
+
+
+def test_fdvl_kl_is_xql_bit_for_bit():
+    ds = pendulum_shaped_dataset()
+    a = XQL(**SMALL, random_state=3).fit(ds, n_steps=30, progress=False)
+    b = FDVL(divergence="kl", **SMALL, random_state=3).fit(ds, n_steps=30, progress=False)
+    for name in ("policy_", "value_", "critic_"):
+        for p, q in zip(getattr(a, name).state_dict().values(), getattr(b, name).state_dict().values()):
+            assert torch.equal(p, q)
+
+
+def test_fdvl_divergences_change_only_the_value_loss():
+    ds = pendulum_shaped_dataset()
+    runs = {d: FDVL(divergence=d, **SMALL, random_state=1).fit(ds, n_steps=20, progress=False) for d in ("chi2", "tv")}
+    first = [p.clone() for p in runs["chi2"].value_.parameters()]
+    assert not all(torch.equal(p, q) for p, q in zip(first, runs["tv"].value_.parameters()))
+    assert any(isinstance(m, torch.nn.LayerNorm) for m in runs["chi2"].value_.modules())  # the authors' value net
+    with pytest.raises(InvalidParameterError, match="divergence"):
+        FDVL(divergence="hellinger").check_params()
+
+
+@pytest.mark.parametrize("make", [lambda: XQL(**SMALL), lambda: FDVL(divergence="chi2", **SMALL),
+                                  lambda: FDVL(divergence="tv", **SMALL)])
+def test_xql_and_fdvl_learn_a_contextual_bandit(make):
+    from test_algos import bandit_dataset, best_action
+
+    ds = bandit_dataset()
+    model = make().set_params(random_state=0, reward_normalization=None).fit(ds, n_steps=1500, progress=False)
+    obs = np.random.default_rng(1).normal(size=(500, 3)).astype(np.float32)
+    error = np.abs(model.predict(obs)[:, 0] - best_action(obs)).mean()
+    assert error < 0.25  # uniform actions would be ~0.5 off
+
+
+def test_save_load_clone_and_resume_of_xql(tmp_path):
+    ds = pendulum_shaped_dataset()
+    model = XQL(**SMALL, random_state=0).fit(ds, n_steps=12, progress=False, log_dir=tmp_path / "a",
+                                             checkpoint_every=6)
+    model.save(tmp_path / "xql.pt")
+    loaded = offrl.load(tmp_path / "xql.pt")
+    np.testing.assert_array_equal(loaded.predict(ds.observations[:5]), model.predict(ds.observations[:5]))
+    assert sklearn.base.clone(model).get_params() == model.get_params()
+    stop_at_6 = [lambda algo, step, metrics: step < 6]  # an interrupted run, then its resumption
+    XQL(**SMALL, random_state=0).fit(ds, n_steps=12, progress=False, log_dir=tmp_path / "b", checkpoint_every=6,
+                                     log_every=6, callbacks=stop_at_6)
+    resumed = XQL(**SMALL, random_state=0).fit(ds, n_steps=12, progress=False, log_dir=tmp_path / "b",
+                                                checkpoint_every=6, resume=True)
+    np.testing.assert_array_equal(resumed.predict(ds.observations[:5]), model.predict(ds.observations[:5]))
+
+
+def test_presets_carry_xqls_per_dataset_temperatures():
+    assert preset_params("XQL", "hopper-medium-v2") == {"beta": 5.0, "max_clip": 7.0}
+    assert preset_params("XQL", "hopper-medium-replay-v2") == {"beta": 2.0, "max_clip": 7.0}
+    assert preset_params("XQL", "halfcheetah-medium-replay-v2") == {"beta": 1.0, "max_clip": 5.0}
+    assert XQL.from_preset("walker2d-medium-replay-v2").beta == 5.0
+    assert preset_params("FDVL", "hopper-medium-v2") == {}
+
+
+# ---------------------------------------------------------------------------------------------- GORL
+
+
+def expert_demos() -> Dataset:
+    return pendulum_shaped_dataset(n_episodes=2, length=30, seed=7)
+
+
+def states(model):
+    return {f"{name}.{k}": v for name, module in model._state_objects().items() if not name.startswith("guide")
+            for k, v in module.state_dict().items()}
+
+
+@pytest.mark.parametrize("cls", [TD3PlusBC, IQL, XQL])
+def test_gorl_with_a_constant_guide_is_the_base_algorithm_bit_for_bit(cls):
+    ds = pendulum_shaped_dataset()
+    base = cls(**SMALL, random_state=0).fit(ds, n_steps=8, progress=False)
+    frozen = cls(**SMALL, random_state=0, guide=Guide(expert_demos(), lr=0.0)).fit(ds, n_steps=8, progress=False)
+    learning = cls(**SMALL, random_state=0, guide=Guide(expert_demos(), lr=1e-3)).fit(ds, n_steps=8, progress=False)
+    a, b, c = states(base), states(frozen), states(learning)
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)  # the meta step ran and changed nothing of the base update
+    assert not all(torch.equal(a[k], c[k]) for k in a)  # a learning guide does change it
+    obs = torch.as_tensor(ds.observations[:64])
+    act = torch.as_tensor(ds.actions[:64])
+    assert torch.equal(frozen.guide_net_(frozen.obs_normalizer_(obs), act), torch.ones(64))
+    assert learning.guide_net_(learning.obs_normalizer_(obs), act).std() > 0
+
+
+def test_the_guide_moves_toward_samples_that_bring_the_policy_to_the_expert():
+    """TD3+BC on a bandit whose Q favours +1 everywhere, expert at -0.5: the guide damps improvement
+    (scales below 1) on average, since each Q step moves the policy away from the expert."""
+    rng = np.random.default_rng(0)
+    n = 512
+    obs = rng.normal(size=(n, 3)).astype(np.float32)
+    actions = rng.uniform(-1, 1, (n, 1))
+    ds = Dataset.from_arrays(obs, actions, rewards=actions[:, 0], terminals=np.ones(n), next_observations=obs,
+                             action_low=-1.0, action_high=1.0)
+    demos = Dataset.from_arrays(obs[:64], np.full((64, 1), -0.5), rewards=np.zeros(64), terminals=np.ones(64),
+                                next_observations=obs[:64], action_low=-1.0, action_high=1.0)
+    model = TD3PlusBC(**SMALL, random_state=0, guide=Guide(demos, lr=1e-3)).fit(ds, n_steps=400, progress=False)
+    scales = model.guide_net_(model.obs_normalizer_(torch.as_tensor(obs)), torch.as_tensor(actions, dtype=torch.float32))
+    assert scales.mean() < 0.9
+
+
+def test_guide_is_saved_and_loaded_with_the_model_and_resumes_exactly(tmp_path):
+    ds = pendulum_shaped_dataset()
+    guide = Guide(expert_demos(), lr=1e-3, hidden_dims=(16,))
+    model = TD3PlusBC(**SMALL, random_state=0, guide=guide).fit(ds, n_steps=12, progress=False,
+                                                                log_dir=tmp_path / "a", checkpoint_every=6)
+    model.save(tmp_path / "gorl.pt")
+    loaded = offrl.load(tmp_path / "gorl.pt")
+    assert isinstance(loaded.guide, Guide) and loaded.guide.get_params()["lr"] == 1e-3
+    np.testing.assert_array_equal(loaded.guide.expert.observations, guide.expert.observations)
+    for p, q in zip(loaded.guide_net_.state_dict().values(), model.guide_net_.state_dict().values()):
+        assert torch.equal(p, q)
+    np.testing.assert_array_equal(loaded.predict(ds.observations[:5]), model.predict(ds.observations[:5]))
+    TD3PlusBC(**SMALL, random_state=0, guide=guide).fit(ds, n_steps=12, progress=False, log_dir=tmp_path / "b",
+                                                        checkpoint_every=6, log_every=6,
+                                                        callbacks=[lambda algo, step, metrics: step < 6])
+    resumed = TD3PlusBC(**SMALL, random_state=0, guide=guide).fit(ds, n_steps=12, progress=False,
+                                                                  log_dir=tmp_path / "b", checkpoint_every=6,
+                                                                  resume=True)
+    for p, q in zip(resumed.guide_net_.state_dict().values(), model.guide_net_.state_dict().values()):
+        assert torch.equal(p, q)
+    np.testing.assert_array_equal(resumed.predict(ds.observations[:5]), model.predict(ds.observations[:5]))
+    clone = sklearn.base.clone(model)
+    assert not hasattr(clone, "guide_net_")
+    assert isinstance(clone.guide, Guide) and clone.guide.lr == 1e-3 and clone.guide.hidden_dims == (16,)
+
+
+def test_guide_parameter_forms_and_errors(tmp_path):
+    demos = expert_demos()
+    demos.save(tmp_path / "demos.npz")
+    assert as_guide(None) is None
+    assert as_guide(demos).expert is demos
+    assert as_guide(str(tmp_path / "demos.npz")).expert == str(tmp_path / "demos.npz")
+    assert as_guide({"expert": demos, "lr": 3e-4}).lr == 3e-4
+    with pytest.raises(TypeError, match="not Guide parameters"):
+        as_guide({"experts": demos})
+    with pytest.raises(InvalidParameterError, match="guide"):
+        IQL(guide=3).check_params()
+    ds = pendulum_shaped_dataset()
+    model = IQL(**SMALL, random_state=0, guide=str(tmp_path / "demos.npz")).fit(ds, n_steps=3, progress=False)
+    assert "guide_loss" in model.last_metrics_
+    with pytest.raises(ValueError, match="Guide needs expert demonstrations"):
+        IQL(**SMALL, guide=Guide()).fit(ds, n_steps=1, progress=False)
+    wrong = Dataset.from_arrays(np.zeros((4, 5)), np.zeros((4, 1)), np.zeros(4), terminals=np.ones(4),
+                                next_observations=np.zeros((4, 5)))
+    with pytest.raises(ValueError, match="Guide expert has observation/action dims"):
+        IQL(**SMALL, guide=wrong).fit(ds, n_steps=1, progress=False)
+
+
+# ---------------------------------------------------------------------------------------------- ReCOIL
+
+
+def test_recoil_trains_on_data_without_rewards_with_half_expert_batches():
+    mixed = pendulum_shaped_dataset().without_rewards()
+    assert not mixed.is_labelled("rewards")
+    model = ReCOIL(expert=expert_demos(), **dict(SMALL, batch_size=40), random_state=0)
+    sampler_counts = []
+    original = model._make_sampler
+
+    def spy(dataset):
+        sampler = original(dataset)
+        sampler_counts.append(sampler.counts)
+        return sampler
+
+    model._make_sampler = spy
+    model.fit(mixed, n_steps=20, progress=False)
+    assert sampler_counts == [[20, 20]]
+    assert np.isfinite(model.last_metrics_["critic_loss"])
+    with pytest.raises(ValueError, match="ReCOIL needs expert demonstrations"):
+        ReCOIL(**SMALL).fit(mixed, n_steps=1, progress=False)
+    with pytest.raises(ValueError, match="no online fine-tuning"):
+        model.fit_online("Pendulum-v1", n_steps=1)
+
+
+def test_recoil_ignores_rewards_entirely():
+    ds = pendulum_shaped_dataset()
+    a = ReCOIL(expert=expert_demos(), **SMALL, random_state=0).fit(ds, n_steps=10, progress=False)
+    b = ReCOIL(expert=expert_demos(), **SMALL, random_state=0).fit(ds.without_rewards(), n_steps=10, progress=False)
+    for p, q in zip(a.policy_.state_dict().values(), b.policy_.state_dict().values()):
+        assert torch.equal(p, q)
+
+
+@pytest.mark.slow
+def test_recoil_imitates_the_expert_better_than_bc_on_the_union():
+    """Mixed data: uniform random actions; expert: a = -0.8 tanh(2 s_0) on a few states. ReCOIL's policy lands
+    closer to the expert than BC on the union (whose mean action is ~0 wherever random data dominates)."""
+    rng = np.random.default_rng(0)
+
+    def episodes(n, expert):
+        out = []
+        for _ in range(n):
+            obs = rng.normal(size=(21, 3))
+            act = -0.8 * np.tanh(2 * obs[:-1, :1]) if expert else rng.uniform(-1, 1, (20, 1))
+            out.append({"observations": obs, "actions": act, "truncations": [False] * 19 + [True]})
+        return Dataset.from_episodes(out, action_low=-1.0, action_high=1.0)
+
+    mixed, demos = episodes(100, False), episodes(3, True)
+    union = Dataset.concatenate([mixed, demos])
+    recoil = ReCOIL(expert=demos, hidden_dims=(64, 64), random_state=0).fit(mixed, n_steps=3000, progress=False)
+    bc = BC(hidden_dims=(64, 64), random_state=0).fit(union, n_steps=3000, progress=False)
+    obs = rng.normal(size=(500, 3)).astype(np.float32)
+    target = -0.8 * np.tanh(2 * obs[:, :1])
+    recoil_error = np.abs(recoil.predict(obs) - target).mean()
+    bc_error = np.abs(bc.predict(obs) - target).mean()
+    assert recoil_error < 0.7 * bc_error, (recoil_error, bc_error)
