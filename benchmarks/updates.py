@@ -5,6 +5,7 @@
     python benchmarks/updates.py --algos CQL --precision bf16 --repeats 9
     python benchmarks/updates.py --threads 1 --clock cpu   # robust on a shared machine
     python benchmarks/updates.py --algos IQL,DiffusionQL,EDP,EDP-iql,FQL,OFQL --threads 1 --clock cpu
+    python benchmarks/updates.py --algos IQL,XQL,FDVL,ReCOIL,TD3PlusBC,TD3PlusBC-GORL,IQL-GORL --threads 1 --clock cpu
 
 Each configuration trains through the real `fit` loop (sampling from a
 dataset held as tensors, `log_every` = one timed chunk) on a synthetic
@@ -15,7 +16,9 @@ dataset with Hopper's dimensions (11-d observations, 3-d actions) and batch
 - DiffusionQL, EDP (variant "td3"), EDP-iql (`EDP(variant="iql")`), OFQL:
   their class defaults, the papers' 3x256 Mish actor and critics, so
   DiffusionQL (5 diffusion steps) and OFQL compare at equal sizes;
-- FQL: its class default, the paper's 4x512 GELU actors and critics.
+- FQL: its class default, the paper's 4x512 GELU actors and critics;
+- XQL, FDVL, ReCOIL, TD3PlusBC-GORL, IQL-GORL (`guide=` 5 synthetic expert
+  episodes: the guide's meta-gradient step included): 256x256.
 
 `--set hidden_dims=[256,256]` overrides the (critic) sizes of every timed
 algorithm; FQL's actors take `actor_hidden_dims`.  The EMA actors (DiffusionQL, EDP, OFQL) are timed from step 0
@@ -60,26 +63,34 @@ from torch.utils.flop_counter import FlopCounterMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from offrl.algos import BC, CQL, EDP, FQL, IQL, OFQL, CalQL, DiffusionQL, TD3PlusBC  # noqa: E402
+from offrl.algos import (BC, CQL, EDP, FDVL, FQL, IQL, OFQL, XQL, CalQL, DiffusionQL, ReCOIL,  # noqa: E402
+                         TD3PlusBC)
 from offrl.datasets import Dataset  # noqa: E402
 
 ALGORITHMS = {"BC": BC, "TD3PlusBC": TD3PlusBC, "IQL": IQL, "CQL": CQL, "CalQL": CalQL,
               "DiffusionQL": DiffusionQL, "EDP": EDP, "EDP-iql": functools.partial(EDP, variant="iql"),
-              "FQL": FQL, "OFQL": OFQL}
+              "FQL": FQL, "OFQL": OFQL, "XQL": XQL, "FDVL": FDVL, "ReCOIL": ReCOIL,
+              "TD3PlusBC-GORL": TD3PlusBC, "IQL-GORL": IQL}
 # updates per timed chunk (about 0.1-0.3 s each; the generative ones measured on one CPU thread)
 CHUNK = {"BC": 200, "TD3PlusBC": 100, "IQL": 100, "CQL": 6, "CalQL": 6,
-         "DiffusionQL": 6, "EDP": 10, "EDP-iql": 12, "FQL": 3, "OFQL": 7}
+         "DiffusionQL": 6, "EDP": 10, "EDP-iql": 12, "FQL": 3, "OFQL": 7, "XQL": 100, "FDVL": 100, "ReCOIL": 50,
+         "TD3PlusBC-GORL": 50, "IQL-GORL": 50}
 _SMALL_NETWORKS = {"hidden_dims": (256, 256)}
 _EMA_FROM_START = {"ema_start": 0}
 # hyper-parameters every timed instance gets (before --set): see the module docstring
 BENCH_PARAMS = {"BC": _SMALL_NETWORKS, "TD3PlusBC": _SMALL_NETWORKS, "IQL": _SMALL_NETWORKS, "CQL": _SMALL_NETWORKS,
                 "CalQL": _SMALL_NETWORKS, "DiffusionQL": _EMA_FROM_START, "EDP": _EMA_FROM_START, "EDP-iql": {},
-                "FQL": {}, "OFQL": _EMA_FROM_START}
+                "FQL": {}, "OFQL": _EMA_FROM_START, "XQL": _SMALL_NETWORKS, "FDVL": _SMALL_NETWORKS,
+                "ReCOIL": _SMALL_NETWORKS, "TD3PlusBC-GORL": _SMALL_NETWORKS, "IQL-GORL": _SMALL_NETWORKS}
+# algorithms that learn from expert demonstrations get 5 synthetic episodes of 1000 steps (GORL's guide, ReCOIL's
+# expert; at the benchmark's batch of 256 ReCOIL draws 128 expert + 128 mixed rows)
+DEMONSTRATIONS = {"TD3PlusBC-GORL": "guide", "IQL-GORL": "guide", "ReCOIL": "expert"}
 
 
 def make_algorithm(name: str, params: dict | None = None, **fixed: Any) -> Any:
     """The timed estimator: the benchmark's sizes for `name`, then `--set` params, then the fixed settings."""
-    return ALGORITHMS[name](**{**BENCH_PARAMS[name], **(params or {})}, **fixed)
+    demos = {DEMONSTRATIONS[name]: synthetic_dataset(n=5000, seed=1)} if name in DEMONSTRATIONS else {}
+    return ALGORITHMS[name](**{**BENCH_PARAMS[name], **demos, **(params or {})}, **fixed)
 
 
 def network_label(algo: Any) -> str:

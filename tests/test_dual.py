@@ -329,24 +329,34 @@ def test_recoil_ignores_rewards_entirely():
 
 @pytest.mark.slow
 def test_recoil_imitates_the_expert_better_than_bc_on_the_union():
-    """Mixed data: uniform random actions; expert: a = -0.8 tanh(2 s_0) on a few states. ReCOIL's policy lands
-    closer to the expert than BC on the union (whose mean action is ~0 wherever random data dominates)."""
+    """A 1-D walk x' = x + a/2 (plus a noise feature): the expert steers to 0 (a = clip(-x)), the mixed data acts
+    at random. ReCOIL, given 3 expert episodes and no rewards, lands closer to the expert than BC on the union
+    (measured 0.40 against 0.76 mean action error; BC on the 3 episodes alone 0.17)."""
     rng = np.random.default_rng(0)
+
+    def expert_action(x):
+        return np.clip(-x[..., :1], -1, 1)
 
     def episodes(n, expert):
         out = []
         for _ in range(n):
-            obs = rng.normal(size=(21, 3))
-            act = -0.8 * np.tanh(2 * obs[:-1, :1]) if expert else rng.uniform(-1, 1, (20, 1))
-            out.append({"observations": obs, "actions": act, "truncations": [False] * 19 + [True]})
+            x = np.zeros((21, 2))
+            x[0] = [rng.uniform(-2, 2), rng.normal()]
+            actions = []
+            for t in range(20):
+                a = expert_action(x[t]) if expert else rng.uniform(-1, 1, 1)
+                actions.append(a)
+                x[t + 1] = [x[t, 0] + 0.5 * a[0], rng.normal()]
+            out.append({"observations": x, "actions": np.array(actions), "rewards": None,
+                        "truncations": [False] * 19 + [True]})
         return Dataset.from_episodes(out, action_low=-1.0, action_high=1.0)
 
     mixed, demos = episodes(100, False), episodes(3, True)
     union = Dataset.concatenate([mixed, demos])
     recoil = ReCOIL(expert=demos, hidden_dims=(64, 64), random_state=0).fit(mixed, n_steps=3000, progress=False)
     bc = BC(hidden_dims=(64, 64), random_state=0).fit(union, n_steps=3000, progress=False)
-    obs = rng.normal(size=(500, 3)).astype(np.float32)
-    target = -0.8 * np.tanh(2 * obs[:, :1])
+    obs = np.stack([rng.uniform(-2, 2, 500), rng.normal(size=500)], 1).astype(np.float32)
+    target = expert_action(obs)
     recoil_error = np.abs(recoil.predict(obs) - target).mean()
     bc_error = np.abs(bc.predict(obs) - target).mean()
     assert recoil_error < 0.7 * bc_error, (recoil_error, bc_error)
