@@ -20,6 +20,8 @@ _ALGORITHMS = {
     "FDVL": "offrl.algos.dual",
     "ReCOIL": "offrl.algos.dual",
     "Guide": "offrl.algos.guide",
+    "RvS": "offrl.algos.rcsl",
+    "DecisionTransformer": "offrl.algos.rcsl",
     "OfflineAlgorithm": "offrl.algos.base",
     "BaseEstimator": "offrl.algos.base",
 }

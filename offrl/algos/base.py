@@ -275,14 +275,25 @@ class BaseEstimator(sklearn.base.BaseEstimator):
             for module in modules:
                 module.train(training)
 
+    #: Keyword options `predict` passes on to `_act` (return-conditioned policies: "target_return").
+    _predict_options: tuple[str, ...] = ()
+
     # ------------------------------------------------------------------ public API
     @torch.no_grad()
-    def predict(self, observations: Any, deterministic: bool = True) -> np.ndarray:
-        """Actions for one observation (obs_dim,) or a batch (n, obs_dim)."""
+    def predict(self, observations: Any, deterministic: bool = True, **options: Any) -> np.ndarray:
+        """Actions for one observation (obs_dim,) or a batch (n, obs_dim).
+
+        `options` go to the policy where it takes them (e.g. `target_return=` of RvS and DecisionTransformer);
+        an option the algorithm does not take raises TypeError.
+        """
+        unknown = sorted(set(options) - set(self._predict_options))
+        if unknown:
+            takes = ", ".join(self._predict_options) or "no options"
+            raise TypeError(f"{type(self).__name__}.predict got unknown option(s) {unknown}; it takes {takes}")
         obs, single = self._as_obs_tensor(observations)
         self._set_training_mode(False)
         try:
-            actions = self._act(self.obs_normalizer_(obs), deterministic).float().cpu().numpy()
+            actions = self._act(self.obs_normalizer_(obs), deterministic, **options).float().cpu().numpy()
         finally:
             self._set_training_mode(True)
         if self.spec_.get("discrete_actions") is not None:
