@@ -108,6 +108,10 @@ PRESETS: dict[str, list[tuple[tuple[str, ...], dict[str, Any]]]] = {
     # per-dataset lambdas are not public, so f-DVL keeps its defaults but for AntMaze's rewards and AWR.
     "FDVL": [(("antmaze",), {"temperature": 10.0, "reward_normalization": None, "reward_bias": -1.0})],
     "ReCOIL": [],
+    # Return-conditioned methods take no per-dataset settings: their target return defaults from the dataset.
+    "RvS": [],
+    "DecisionTransformer": [],
+    "MBRCSL": [],
     "DiffusionQL": _DIFFUSION_QL,
     # EDP's hps.py copies Diffusion-QL's gradient-norm table and its trainer reads only that entry.
     "EDP": [(families, {"max_grad_norm": params["max_grad_norm"]}) for families, params in _DIFFUSION_QL],
