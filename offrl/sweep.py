@@ -775,7 +775,7 @@ def _run_ope(algo: Any, dataset: Any, env: str, ope_cfg: Mapping[str, Any], seed
 # from benchmarks/updates.py), used only to start the longest runs first.
 _UPDATE_COST = {"BC": 1.0, "TD3PlusBC": 4.0, "IQL": 5.5, "CQL": 100.0, "CalQL": 100.0, "DiffusionQL": 25.0,
                 "EDP": 15.0, "FQL": 60.0, "OFQL": 17.0, "XQL": 5.5, "FDVL": 5.5, "ReCOIL": 11.0,
-                "RvS": 9.0, "DecisionTransformer": 130.0}
+                "RvS": 9.0, "DecisionTransformer": 130.0, "MBRCSL": 20.0}
 
 
 def run_cost(run: Mapping[str, Any]) -> float:

@@ -243,8 +243,8 @@ def test_convert_to_minari_and_npz_reads_back_equal(data, minari_dir, tmp_path, 
 
 BAD = [
     # (command line with {data} {run} {model} {envless} {tmp} placeholders, what the one line must say)
-    ("train foo {data}", "unknown algorithm 'foo'; use one of BC, CQL, CalQL, DecisionTransformer, DiffusionQL, EDP, FDVL, FQL, IQL, OFQL, "
-     "ReCOIL, RvS, TD3PlusBC, XQL"),
+    ("train foo {data}", "unknown algorithm 'foo'; use one of BC, CQL, CalQL, DecisionTransformer, DiffusionQL, EDP, FDVL, "
+     "FQL, IQL, MBRCSL, OFQL, ReCOIL, RvS, TD3PlusBC, XQL"),
     ("train iql {tmp}/missing.npz", "no dataset file at"),
     ("train iql {tmp}/data.txt", "use 'd4rl:<name>', 'minari:<dataset id>'"),
     ("train iql {data} --set expectile=1.5", "IQL's expectile must be a real number in (0, 1)"),

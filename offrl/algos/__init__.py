@@ -22,6 +22,7 @@ _ALGORITHMS = {
     "Guide": "offrl.algos.guide",
     "RvS": "offrl.algos.rcsl",
     "DecisionTransformer": "offrl.algos.rcsl",
+    "MBRCSL": "offrl.algos.mbrcsl",
     "OfflineAlgorithm": "offrl.algos.base",
     "BaseEstimator": "offrl.algos.base",
 }
