@@ -4,8 +4,8 @@ Both regress the logged action on the state and a command omega computed from
 the logged episode's future, and act by asking for a target return:
 
     RvS:  pi(a | s, omega),  omega = G_t (`"rtg"`), the average reward to go
-          G_t / (H - t) (`"avg_rtg"`, RvS's choice) or (G_t, L - t) (`"udrl"`,
-          upside-down RL's desired return and horizon);
+          G_t / (H - t) * H (`"avg_rtg"`, RvS's choice, in whole-episode units) or
+          (G_t, (L - t) / H) (`"udrl"`, upside-down RL's desired return and horizon);
     DT:   a causal transformer over (G_t, s_t, a_t) tokens of the last K steps,
           a_t read from the s_t token.
 
