@@ -224,7 +224,8 @@ class ReCOIL(IQL):
     the mixed distribution covers the expert's.
 
     critic:  sum_i E_expert 1/2 (Q_i - R/(1-gamma))^2
-                 + E_mixed 1/2 (Q_i - (-R + gamma (1-d) V(s') + gamma d (-R/(1-gamma))))^2
+                 + E_mixed 1/2 (Q_i - (-R + gamma (1-d) clip(V(s')) + gamma d (-R/(1-gamma))))^2
+             (V(s') clipped to [-R/(1-gamma), R/(1-gamma)], the range the rewards allow)
     value:   Gumbel loss (beta, max_clip) on Q' - V, mixed half
     actor:   AWR (temperature, max_weight) on the mixed half
 
@@ -346,6 +347,9 @@ class ReCOIL(IQL):
             with torch.no_grad():
                 v, next_v = self.value_(torch.cat([obs[mixed], next_obs[mixed]])).chunk(2)
                 done = terminals[mixed]
+                # Rewards lie in [-R, R], so values lie in [-R/(1-gamma), R/(1-gamma)]: the bootstrap is clipped
+                # there (LSIQ's bounded targets), which stops the soft-max V from inflating Q without limit.
+                next_v = next_v.clamp(-bound, bound)
                 bellman = -self.reward_bound + self.gamma * ((1.0 - done) * next_v - done * bound)
             actor_loss = awr_actor_loss(target_q - v, self.policy_.log_prob(obs[mixed], actions[mixed]),
                                         self.temperature, self.max_weight)

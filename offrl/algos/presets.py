@@ -107,7 +107,9 @@ PRESETS: dict[str, list[tuple[tuple[str, ...], dict[str, Any]]]] = {
     # f-DVL's public code gives one run line (halfcheetah-medium-expert: chi-square, --temp=1, --max_clip=5); its
     # per-dataset lambdas are not public, so f-DVL keeps its defaults but for AntMaze's rewards and AWR.
     "FDVL": [(("antmaze",), {"temperature": 10.0, "reward_normalization": None, "reward_bias": -1.0})],
-    "ReCOIL": [],
+    # ReCOIL's README runs hopper-random with --temp=5.0 (the Gumbel temperature of its value loss; "raise it until
+    # Q stops diverging"); other datasets keep the code's default 1.0.
+    "ReCOIL": [(("hopper",), {"beta": 5.0})],
     # Return-conditioned methods take no per-dataset settings: their target return defaults from the dataset.
     "RvS": [],
     "DecisionTransformer": [],
