@@ -22,7 +22,10 @@ batch 1 it is decisions per second.
   FQL-2x256: the same at IQL's network size (2x256 GELU);
   FQL-flow: the BC flow FQL distils from, 10 Euler steps, through the same
   `predict` call with `_act` replaced by `_export_actor(policy="flow")`;
-- OFQL: one average-velocity evaluation a = -u(s, 0, 0, 1) (n_action_samples=1).
+- OFQL: one average-velocity evaluation a = -u(s, 0, 0, 1) (n_action_samples=1);
+- RvS: `predict(obs)` with the default target return (2x1024 MLP on state and command);
+- DecisionTransformer: `actor.act(obs, t)` then `actor.observe(rewards, done=False)` of the Actor that
+  `make_actor()` returns, its context full (20 steps per env): a causal transformer over 60 tokens per env.
 
 Network sizes are updates.py's: IQL 256x256, FQL 4x512, the others 3x256.
 Models are fitted with `n_steps=0` (built, untrained): acting speed does
@@ -67,6 +70,10 @@ MODELS: dict[str, tuple[str, dict[str, Any], str]] = {
                   "predict"),
     "FQL-flow": ("FQL", {"n_action_samples": 1}, "flow"),
     "OFQL": ("OFQL", {"n_action_samples": 1}, "predict"),
+    # return-conditioned: RvS's 2x1024 MLP on (s, command); DT through its stateful Actor mid-episode (a full
+    # context of 20 steps per env, the call an evaluation loop makes at every step after the 20th)
+    "RvS": ("RvS", {}, "predict"),
+    "DecisionTransformer": ("DecisionTransformer", {}, "actor"),
 }
 
 
@@ -78,6 +85,10 @@ def describe(algo: Any, path: str) -> str:
     name = type(algo).__name__
     if name == "IQL":
         return "Gaussian mean"
+    if name == "RvS":
+        return f"{len(params['hidden_dims'])}x{params['hidden_dims'][0]} MLP on (s, command)"
+    if name == "DecisionTransformer":
+        return f"transformer, context {params['context_length']} (60 tokens), stateful Actor"
     candidates = params.get("n_action_samples", 1)
     pick = f" x{candidates}, softmax Q" if candidates > 1 else ""
     if name in ("DiffusionQL", "EDP"):
@@ -96,7 +107,34 @@ def build_actor(model: str, dataset: Any) -> tuple[Any, Callable[[np.ndarray], n
     if path == "flow":
         flow = algo._export_actor(policy="flow")
         algo._act = lambda obs, deterministic: flow(obs)  # the rest of `predict` unchanged
+    if path == "actor":
+        return algo, context_actor_call(algo)
     return algo, algo.predict
+
+
+def context_actor_call(algo: Any) -> Callable[[np.ndarray], np.ndarray]:
+    """One step of the estimator's stateful Actor for a batch of envs (reset and filled to a full context the
+    first time a batch size is seen): act, then observe a zero reward with no episode over."""
+    state: dict[str, Any] = {}
+
+    def step(observations: np.ndarray) -> np.ndarray:
+        obs = np.atleast_2d(observations)
+        n = len(obs)
+        if state.get("n") != n:
+            state.update(n=n, actor=algo.make_actor(), t=0)
+            state["actor"].reset(n)
+            for _ in range(int(algo.get_params().get("context_length", 20))):
+                step_once(obs)
+        return step_once(obs)
+
+    def step_once(obs: np.ndarray) -> np.ndarray:
+        actor, n = state["actor"], state["n"]
+        actions = actor.act(obs, np.full(n, state["t"]))
+        actor.observe(np.zeros(n), np.zeros(n, bool))
+        state["t"] += 1
+        return actions
+
+    return step
 
 
 def precision_context(precision: str) -> contextlib.AbstractContextManager:

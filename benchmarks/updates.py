@@ -18,7 +18,9 @@ dataset with Hopper's dimensions (11-d observations, 3-d actions) and batch
   DiffusionQL (5 diffusion steps) and OFQL compare at equal sizes;
 - FQL: its class default, the paper's 4x512 GELU actors and critics;
 - XQL, FDVL, ReCOIL, TD3PlusBC-GORL, IQL-GORL (`guide=` 5 synthetic expert
-  episodes: the guide's meta-gradient step included): 256x256.
+  episodes: the guide's meta-gradient step included): 256x256;
+- RvS (2x1024) and DecisionTransformer (context 20, 128-d, 3 layers, batch 64 windows
+  of the segment sampler, whatever --batch-size): their class defaults.
 
 `--set hidden_dims=[256,256]` overrides the (critic) sizes of every timed
 algorithm; FQL's actors take `actor_hidden_dims`.  The EMA actors (DiffusionQL, EDP, OFQL) are timed from step 0
@@ -63,33 +65,38 @@ from torch.utils.flop_counter import FlopCounterMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from offrl.algos import (BC, CQL, EDP, FDVL, FQL, IQL, OFQL, XQL, CalQL, DiffusionQL, ReCOIL,  # noqa: E402
-                         TD3PlusBC)
+from offrl.algos import (BC, CQL, EDP, FDVL, FQL, IQL, OFQL, XQL, CalQL, DecisionTransformer,  # noqa: E402
+                         DiffusionQL, ReCOIL, RvS, TD3PlusBC)
 from offrl.datasets import Dataset  # noqa: E402
 
 ALGORITHMS = {"BC": BC, "TD3PlusBC": TD3PlusBC, "IQL": IQL, "CQL": CQL, "CalQL": CalQL,
               "DiffusionQL": DiffusionQL, "EDP": EDP, "EDP-iql": functools.partial(EDP, variant="iql"),
               "FQL": FQL, "OFQL": OFQL, "XQL": XQL, "FDVL": FDVL, "ReCOIL": ReCOIL,
-              "TD3PlusBC-GORL": TD3PlusBC, "IQL-GORL": IQL}
+              "TD3PlusBC-GORL": TD3PlusBC, "IQL-GORL": IQL, "RvS": RvS, "DecisionTransformer": DecisionTransformer}
 # updates per timed chunk (about 0.1-0.3 s each; the generative ones measured on one CPU thread)
 CHUNK = {"BC": 200, "TD3PlusBC": 100, "IQL": 100, "CQL": 6, "CalQL": 6,
          "DiffusionQL": 6, "EDP": 10, "EDP-iql": 12, "FQL": 3, "OFQL": 7, "XQL": 100, "FDVL": 100, "ReCOIL": 50,
-         "TD3PlusBC-GORL": 50, "IQL-GORL": 50}
+         "TD3PlusBC-GORL": 50, "IQL-GORL": 50, "RvS": 50, "DecisionTransformer": 3}
 _SMALL_NETWORKS = {"hidden_dims": (256, 256)}
 _EMA_FROM_START = {"ema_start": 0}
 # hyper-parameters every timed instance gets (before --set): see the module docstring
 BENCH_PARAMS = {"BC": _SMALL_NETWORKS, "TD3PlusBC": _SMALL_NETWORKS, "IQL": _SMALL_NETWORKS, "CQL": _SMALL_NETWORKS,
                 "CalQL": _SMALL_NETWORKS, "DiffusionQL": _EMA_FROM_START, "EDP": _EMA_FROM_START, "EDP-iql": {},
                 "FQL": {}, "OFQL": _EMA_FROM_START, "XQL": _SMALL_NETWORKS, "FDVL": _SMALL_NETWORKS,
-                "ReCOIL": _SMALL_NETWORKS, "TD3PlusBC-GORL": _SMALL_NETWORKS, "IQL-GORL": _SMALL_NETWORKS}
+                "ReCOIL": _SMALL_NETWORKS, "TD3PlusBC-GORL": _SMALL_NETWORKS, "IQL-GORL": _SMALL_NETWORKS,
+                "RvS": {}, "DecisionTransformer": {}}
 # algorithms that learn from expert demonstrations get 5 synthetic episodes of 1000 steps (GORL's guide, ReCOIL's
 # expert; at the benchmark's batch of 256 ReCOIL draws 128 expert + 128 mixed rows)
 DEMONSTRATIONS = {"TD3PlusBC-GORL": "guide", "IQL-GORL": "guide", "ReCOIL": "expert"}
+# algorithms timed at their own batch size rather than --batch-size (a DT batch is 64 windows of 20 steps)
+OWN_BATCH = {"DecisionTransformer": 64}
 
 
 def make_algorithm(name: str, params: dict | None = None, **fixed: Any) -> Any:
     """The timed estimator: the benchmark's sizes for `name`, then `--set` params, then the fixed settings."""
     demos = {DEMONSTRATIONS[name]: synthetic_dataset(n=5000, seed=1)} if name in DEMONSTRATIONS else {}
+    if name in OWN_BATCH and "batch_size" in fixed:
+        fixed["batch_size"] = OWN_BATCH[name]
     return ALGORITHMS[name](**{**BENCH_PARAMS[name], **demos, **(params or {})}, **fixed)
 
 
@@ -100,6 +107,8 @@ def network_label(algo: Any) -> str:
         return f"{len(dims)}x{dims[0]}" if len(set(dims)) == 1 else "x".join(map(str, dims))
 
     params = algo.get_params()
+    if "hidden_dims" not in params:  # a transformer
+        return f"{params.get('n_layers', '?')} layers x {params.get('embed_dim', '?')}"
     critic = label(params["hidden_dims"])
     actor = params.get("actor_hidden_dims")
     if params.get("critic_hidden_dims") is not None:
