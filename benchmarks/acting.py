@@ -113,26 +113,27 @@ def build_actor(model: str, dataset: Any) -> tuple[Any, Callable[[np.ndarray], n
 
 
 def context_actor_call(algo: Any) -> Callable[[np.ndarray], np.ndarray]:
-    """One step of the estimator's stateful Actor for a batch of envs (reset and filled to a full context the
-    first time a batch size is seen): act, then observe a zero reward with no episode over."""
-    state: dict[str, Any] = {}
+    """One step of the estimator's stateful Actor for a batch of envs: act, then observe a zero reward with no
+    episode over.  Each batch size gets its own Actor, reset and filled to a full context the first time it is
+    seen (untimed warm-up), so configurations interleaved across batch sizes never refill a context."""
+    actors: dict[int, dict[str, Any]] = {}
 
-    def step(observations: np.ndarray) -> np.ndarray:
-        obs = np.atleast_2d(observations)
-        n = len(obs)
-        if state.get("n") != n:
-            state.update(n=n, actor=algo.make_actor(), t=0)
-            state["actor"].reset(n)
-            for _ in range(int(algo.get_params().get("context_length", 20))):
-                step_once(obs)
-        return step_once(obs)
-
-    def step_once(obs: np.ndarray) -> np.ndarray:
-        actor, n = state["actor"], state["n"]
+    def step_once(state: dict[str, Any], obs: np.ndarray) -> np.ndarray:
+        actor, n = state["actor"], len(obs)
         actions = actor.act(obs, np.full(n, state["t"]))
         actor.observe(np.zeros(n), np.zeros(n, bool))
         state["t"] += 1
         return actions
+
+    def step(observations: np.ndarray) -> np.ndarray:
+        obs = np.atleast_2d(observations)
+        state = actors.get(len(obs))
+        if state is None:
+            state = actors[len(obs)] = {"actor": algo.make_actor(), "t": 0}
+            state["actor"].reset(len(obs))
+            for _ in range(int(algo.get_params().get("context_length", 20))):
+                step_once(state, obs)
+        return step_once(state, obs)
 
     return step
 
