@@ -305,12 +305,13 @@ class ReCOIL(IQL):
         # Observation statistics (and action bounds) over everything the networks will see.
         return super()._make_spec(self._union(dataset))
 
-    def _union(self, dataset: Dataset) -> Dataset:
-        return Dataset.concatenate([_reward_free(dataset), _reward_free(self._expert_dataset(dataset))])
+    def _union(self, dataset: Dataset, expert: Dataset | None = None) -> Dataset:
+        expert = _reward_free(self._expert_dataset(dataset)) if expert is None else expert
+        return Dataset.concatenate([_reward_free(dataset), expert])
 
     def _make_sampler(self, dataset: Dataset) -> MixtureSampler:
-        expert = _reward_free(self._expert_dataset(dataset))
-        mixed = self._union(dataset) if self.expert_in_mixed else _reward_free(dataset)
+        expert = _reward_free(self._expert_dataset(dataset))  # loaded once, shared by both sources
+        mixed = self._union(dataset, expert) if self.expert_in_mixed else _reward_free(dataset)
         batch_size = int(self.batch_size)
         sources = [TransitionSampler(self._training_columns(d), batch_size) for d in (expert, mixed)]
         sampler = MixtureSampler(sources, [self.expert_fraction, 1.0 - self.expert_fraction], batch_size)

@@ -104,7 +104,7 @@ class Guide(FittedStateMixin, sklearn.base.BaseEstimator):
     """
 
     _param_rules = {"expert": DEMONSTRATIONS_RULE, "hidden_dims": layer_sizes(), "lr": real(0, None),
-                    "virtual_lr": real(0, None, closed="neither"), "batch_size": integer(1)}
+                    "virtual_lr": real(0, None, closed="neither", none=True), "batch_size": integer(1)}
 
     def __init__(self, expert: Any = None, *, hidden_dims: Sequence[int] = (256, 256), lr: float = 1e-4,
                  virtual_lr: float | None = None, batch_size: int = 256) -> None:
@@ -118,10 +118,7 @@ class Guide(FittedStateMixin, sklearn.base.BaseEstimator):
         """Load the expert demonstrations into `expert_` and check them against the training dataset `X`."""
         from offrl.algos.params import check_params
 
-        if self.virtual_lr is not None:
-            check_params(self)
-        else:
-            check_params(self, {k: v for k, v in self.get_params(deep=False).items() if k != "virtual_lr"})
+        check_params(self)
         expert = load_demonstrations(self.expert, X, "Guide")
         self.expert_ = expert
         return self
@@ -184,13 +181,14 @@ class GuidedMixin:
         actions = torch.as_tensor(np.ascontiguousarray(expert.actions, np.float32), device=self.device_)
         virtual_lr = fitted.virtual_lr if fitted.virtual_lr is not None else getattr(self, "actor_lr", 3e-4)
         self._guide_expert = (obs, actions, int(fitted.batch_size), float(virtual_lr))
+        self._guide_generator = torch.Generator(device=obs.device)
 
     def _expert_batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor, float]:
         if getattr(self, "_guide_expert", None) is None:
             raise RuntimeError(f"{type(self).__name__}: the guide's expert data is not prepared; fit the model first")
         obs, actions, batch_size, virtual_lr = self._guide_expert
-        generator = torch.Generator(device=obs.device)
-        generator.manual_seed(self.guide_seed_ * 1_000_003 + int(step))
+        generator = self._guide_generator
+        generator.manual_seed(self.guide_seed_ * 1_000_003 + int(step))  # a stream per step: resume-exact
         index = torch.randint(len(obs), (batch_size,), generator=generator, device=obs.device)
         return obs[index], actions[index], virtual_lr
 
