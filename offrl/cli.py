@@ -559,6 +559,16 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_npz_out(path: Path, force: bool) -> None:
+    """Refuse, before any work, an .npz output that would not load back or would overwrite a file without --force."""
+    if path.suffix != ".npz":
+        raise ValueError(f"{path}: an npz output must end in .npz (so `offrl` loads it back); e.g. {path.stem}.npz")
+    if path.is_dir():
+        raise ValueError(f"{path} is a folder; give a file name such as {path / 'dataset.npz'}")
+    if path.exists() and not force:
+        raise ValueError(f"{path} exists; pass --force to overwrite it, or give another file name")
+
+
 def _datasets_convert(args: argparse.Namespace) -> int:
     if args.env is not None:
         _env_problem(args.env, "--env", "pass the registered id of the env the data comes from")
@@ -574,10 +584,7 @@ def _datasets_convert(args: argparse.Namespace) -> int:
                              f"or delete it with `minari delete {args.name}`")
     else:
         path = Path(args.name)
-        if path.suffix != ".npz":
-            raise ValueError(f"{path}: an npz output must end in .npz (so `offrl` loads it back); e.g. {path.stem}.npz")
-        if path.exists() and not args.force:
-            raise ValueError(f"{path} exists; pass --force to overwrite it, or give another file name")
+        _check_npz_out(path, args.force)
     dataset = _load_dataset(args.spec, args.download)
     env_id = args.env or (dataset.metadata.get("env_id") if args.to == "minari" else None)
     if env_id:  # Minari writes the env's spaces next to the data: refuse an env that does not fit it
@@ -611,6 +618,65 @@ def _datasets_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+# The labeller flags of `offrl datasets label` (argparse dest -> flag), and the options that set a labeller's
+# hyper-parameter (parameter -> option); an option whose parameter the chosen labeller lacks is refused.
+_LABELER_FLAGS = {"otr": "--otr", "inverse_dynamics": "--inverse-dynamics", "reward_model": "--reward-model"}
+_LABEL_OPTIONS = {"n_demonstrations": "--n-demonstrations", "epsilon": "--epsilon", "top_k": "--top-k",
+                  "label_fraction": "--label-fraction", "random_state": "--random-state", "n_steps": "--n-steps"}
+
+
+def _labeler(args: argparse.Namespace) -> tuple[Any, str]:
+    """(the unfitted labeller the flags ask for, its flag), each option checked against its parameter's rule."""
+    from offrl.algos.params import param_rules
+    from offrl.reward_labeling import InverseDynamicsLabeler, OTRewardLabeler, RewardModelLabeler
+
+    classes = {"otr": OTRewardLabeler, "inverse_dynamics": InverseDynamicsLabeler, "reward_model": RewardModelLabeler}
+    dest = next(d for d in _LABELER_FLAGS if getattr(args, d) not in (None, False))
+    cls, flag = classes[dest], _LABELER_FLAGS[dest]
+    valid, rules = cls().get_params(deep=False), param_rules(cls)
+    params: dict[str, Any] = {}
+    for key, option in _LABEL_OPTIONS.items():
+        value = getattr(args, key)
+        if value is None:
+            continue
+        if key not in valid:
+            users = [f for d, f in _LABELER_FLAGS.items() if key in classes[d]().get_params(deep=False)]
+            raise ValueError(f"{option} applies to {' and '.join(users)}, not {flag}; drop it")
+        rule = rules.get(key)
+        if rule is not None and not rule.ok(value):
+            raise ValueError(f"{option} {value}: {cls.__name__}'s {key} must be {rule.allowed}")
+        params[key] = value
+    return cls(**params), flag
+
+
+def _datasets_label(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    _check_npz_out(out, args.force)
+    labeler, flag = _labeler(args)  # every option is checked before any data is read
+    dataset = _load_dataset(args.spec, args.download)
+    label = getattr(labeler, "label", "rewards")
+    if flag != "--otr" and labeler.label_fraction is None and dataset.is_labelled(label):
+        unit = "episodes'" if labeler.label_unit == "episodes" else "transitions'"
+        raise ValueError(f"{args.spec} has all its {label}, so {flag} has none to label; pass --label-fraction F to "
+                         f"keep only that fraction of {unit} {label} and label the rest")
+    if args.otr is not None:
+        labeler.set_params(expert=_load_dataset(args.otr, args.download))
+    labelled = labeler.fit_transform(dataset)
+    labelled.save(out)
+    record = labelled.metadata["transforms"][-1]
+    if args.otr is not None:
+        n_demos = record["n_demonstrations"]
+        detail = f"{n_demos} demonstration{'s' if n_demos != 1 else ''} from {args.otr}"
+    else:
+        detail = f"trained on {record['n_training_rows']:,} labelled rows"
+        if record["label_fraction"] is not None:
+            detail += f", label fraction {record['label_fraction']:g}"
+    print(f"labelled {record['n_labelled']:,} {record['labels']} with {type(labeler).__name__} ({detail}); wrote "
+          f"{out} ({labelled.n_transitions:,} transitions, {labelled.n_episodes:,} episodes); load it with "
+          f"offrl.datasets.load({str(out)!r})")
+    return 0
+
+
 def _example(*lines: str) -> str:
     return ("examples:\n" if len(lines) > 1 else "example:\n") + "\n".join(f"  {line}" for line in lines)
 
@@ -636,7 +702,7 @@ def build_parser() -> argparse.ArgumentParser:
         sub.set_defaults(error_prefix=sub.prog)  # errors say which command they come from
         return sub
 
-    datasets = commands.add_parser("datasets", help="inspect, build, list and convert datasets", group=True,
+    datasets = commands.add_parser("datasets", help="inspect, build, list, convert and label datasets", group=True,
                                    epilog=_example("offrl datasets info d4rl:hopper-medium-v2",
                                                    "offrl datasets COMMAND --help"))
     datasets_commands = datasets.add_subparsers(dest="datasets_command", required=True)
@@ -680,6 +746,47 @@ def build_parser() -> argparse.ArgumentParser:
                          help="gymnasium id the data comes from (default: the dataset's own env_id, if it has one)")
     convert.add_argument("--download", action="store_true", help="download a missing D4RL file")
     convert.add_argument("--force", action="store_true", help="overwrite an existing .npz file")
+    label = command(
+        datasets_commands, "label", _datasets_label,
+        [("offrl datasets label d4rl:hopper-medium-v2 --otr d4rl:hopper-expert-v2 --n-demonstrations 1 "
+          "--out hopper-medium-otr.npz"),
+         "offrl datasets label hopper-medium.npz --inverse-dynamics --label-fraction 0.1 --out hopper-medium-id.npz",
+         "offrl datasets label hopper-medium.npz --reward-model --label-fraction 0.01 --out hopper-medium-rm.npz"],
+        help="fill in a dataset's rewards (OTR, a reward model) or actions (inverse dynamics); write an .npz file",
+        description="Fit a labeller from offrl.reward_labeling on SPEC, label it and write the result to --out "
+                    "(Dataset.save; metadata['transforms'] records the labeller).  --otr: every reward from the "
+                    "optimal-transport alignment of each episode to the expert demonstrations EXPERT_SPEC "
+                    "(OTRewardLabeler).  --inverse-dynamics: the missing actions, from an inverse-dynamics model "
+                    "trained on the rows that have them (InverseDynamicsLabeler).  --reward-model: the missing "
+                    "rewards, from a reward model trained on the rows that have them (RewardModelLabeler).  "
+                    "--label-fraction hides all but that fraction of the labels first (whole episodes for actions), "
+                    "to label a fully labelled dataset as if most labels were missing.")
+    label.add_argument("spec", help=_SPEC_HELP)
+    labeler_flags = label.add_mutually_exclusive_group(required=True)
+    labeler_flags.add_argument("--otr", default=None, metavar="EXPERT_SPEC",
+                               help=f"label every reward by optimal transport to these expert demonstrations "
+                                    f"({_SPEC_HELP})")
+    labeler_flags.add_argument("--inverse-dynamics", action="store_true",
+                               help="label the missing actions with an inverse-dynamics model")
+    labeler_flags.add_argument("--reward-model", action="store_true",
+                               help="label the missing rewards with a reward model")
+    label.add_argument("--n-demonstrations", type=int, default=None, metavar="K",
+                       help="--otr: use the K best-return expert episodes (default: all)")
+    label.add_argument("--epsilon", type=float, default=None, metavar="E",
+                       help="--otr: entropic regularisation in cost units (default 0.01; 0: exact OT)")
+    label.add_argument("--top-k", type=int, default=None, metavar="K",
+                       help="--otr: average each episode's rewards over its K best demonstrations (default 1)")
+    label.add_argument("--label-fraction", type=float, default=None, metavar="F",
+                       help="--inverse-dynamics/--reward-model: keep only this fraction of the labels, then label "
+                            "the rest (default: keep all and label the missing ones)")
+    label.add_argument("--random-state", type=int, default=None, metavar="S",
+                       help="--inverse-dynamics/--reward-model: seed of the hidden labels and the training")
+    label.add_argument("--n-steps", type=int, default=None, metavar="N",
+                       help="--inverse-dynamics/--reward-model: training steps at most (default 10,000; training "
+                            "stops early when the validation loss stops improving)")
+    label.add_argument("--out", required=True, metavar="OUT.npz", help="the .npz file to write")
+    label.add_argument("--download", action="store_true", help="download a missing D4RL file")
+    label.add_argument("--force", action="store_true", help="overwrite an existing --out file")
 
     quick = command(commands, "quickstart", _quickstart, ["offrl quickstart --steps 2000"],
                     help="build pendulum data, train BC/TD3+BC/IQL/CQL, evaluate, OPE, report")

@@ -28,7 +28,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import yaml
@@ -484,6 +484,7 @@ def _parse_algorithms(value: Any, fail: Any) -> dict[str, dict[str, Any]]:
                             f"is a grid), got {params!r}")
         params = dict(params)
         name = params.pop("algorithm", label)
+        labelers = _parse_labelers(params.pop("labelers", None), f"{key}.labelers", fail)
         if not isinstance(name, str):
             raise fail(f"{key}.algorithm", f"algorithm must be an algorithm name such as 'IQL', got {name!r}")
         try:
@@ -516,7 +517,68 @@ def _parse_algorithms(value: Any, fail: Any) -> dict[str, dict[str, Any]]:
             except (InvalidParameterError, TypeError, ValueError) as err:
                 raise fail(key, f"the grid point {settings}: {err}") from None
         out[label] = {"algorithm": name, "grid": grid}
+        if labelers:
+            out[label]["labelers"] = labelers
     return out
+
+
+def _labeler_classes() -> dict[str, type]:
+    """The dataset transformers a sweep may put in front of an algorithm, by class name."""
+    import offrl.reward_labeling as reward_labeling
+    from offrl.datasets.transformers import DatasetTransformer, RewardScaler
+
+    classes = {name: getattr(reward_labeling, name) for name in reward_labeling.__all__}
+    classes["RewardScaler"] = RewardScaler
+    return {n: c for n, c in classes.items() if isinstance(c, type) and issubclass(c, DatasetTransformer)}
+
+
+def _parse_labelers(value: Any, key: str, fail: Any) -> list[list[Any]]:
+    """`labelers:` of an algorithm: a list of {ClassName: {param: value}} applied in order before fitting.
+
+    Returned as [[name, params], ...] (JSON-shaped, so it enters the run hash as written).
+    """
+    if value is None:
+        return []
+    from offrl.algos.params import InvalidParameterError, check_params
+
+    items = value if isinstance(value, list) else [value]
+    classes = _labeler_classes()
+    out = []
+    for i, item in enumerate(items):
+        ikey = f"{key}.{i}" if isinstance(value, list) else key
+        if not (isinstance(item, dict) and len(item) == 1):
+            raise fail(ikey, f"each labeler is a one-key mapping {{ClassName: {{param: value}}}}, got {item!r}; "
+                             f"available: {sorted(classes)}")
+        (name, params), = item.items()
+        if name not in classes:
+            raise fail(ikey, f"unknown labeler {name!r}; available: {sorted(classes)}")
+        params = {} if params is None else params
+        if not isinstance(params, dict):
+            raise fail(f"{ikey}.{name}", f"the parameters of {name} must be a mapping of name -> value, got {params!r}")
+        try:
+            labeler = classes[name](**params)
+        except TypeError as err:
+            raise fail(f"{ikey}.{name}", f"{name}: {err}") from None
+        if hasattr(labeler, "_param_rules"):
+            try:
+                check_params(labeler)
+            except InvalidParameterError as err:
+                raise fail(f"{ikey}.{name}", str(err)) from None
+        out.append([name, dict(params)])
+    return out
+
+
+def make_labelers(specs: Sequence[Sequence[Any]], seed: int | None = None) -> list[tuple[str, Any]]:
+    """The (step name, transformer) pairs of a run's `labelers`; a learned labeller without a random_state gets
+    the run's seed."""
+    classes = _labeler_classes()
+    steps = []
+    for name, params in specs:
+        labeler = classes[name](**params)
+        if seed is not None and "random_state" in labeler.get_params() and labeler.get_params()["random_state"] is None:
+            labeler.set_params(random_state=seed)
+        steps.append((name.lower(), labeler))
+    return steps
 
 
 def _grid_values(spec: Any, default: Any, key: str, fail: Any) -> tuple[list[Any], list[str]]:
@@ -599,6 +661,8 @@ def expand_runs(config: SweepConfig, out_dir: str | os.PathLike) -> list[dict[st
                         "device": config.device,
                         "log_every": config.log_every,
                     }
+                    if algo.get("labelers"):  # only when present, so the hashes of runs without one never change
+                        resolved["labelers"] = algo["labelers"]
                     config_hash = _hash(resolved)
                     run_dir = runs_root / dataset["label"] / variant / f"seed{seed}"
                     check_inside(run_dir, runs_root, f"the run directory of {dataset['label']}/{variant}/seed{seed}")
@@ -652,6 +716,27 @@ def _load_dataset(entry: Mapping[str, Any]) -> Any:
     return _DATASET_CACHE[key]
 
 
+_LABELLED_CACHE: dict[str, Any] = {}
+
+
+def _label_dataset(run: Mapping[str, Any], dataset: Any) -> tuple[list[tuple[str, Any]], Any]:
+    """The run's fitted labellers and the dataset they label, made once per worker process for the same
+    dataset, labellers and (for a labeller that takes the run's seed) seed."""
+    specs = run.get("labelers") or []
+    if not specs:
+        return [], dataset
+    labelers = make_labelers(specs, seed=run["seed"])
+    seeded = any("random_state" in labeler.get_params() for _, labeler in labelers)
+    key = json.dumps([run["dataset"]["spec"], run["dataset"].get("build_options") or {}, specs,
+                      run["seed"] if seeded else None], sort_keys=True, default=str)
+    if key not in _LABELLED_CACHE:
+        for _, labeler in labelers:
+            dataset = labeler.fit_transform(dataset)
+        _LABELLED_CACHE.clear()  # keep one labelled dataset: they can be large
+        _LABELLED_CACHE[key] = (labelers, dataset)
+    return _LABELLED_CACHE[key]
+
+
 def _make_algorithm(run: Mapping[str, Any]) -> Any:
     """The run's estimator, with the sweep's `log_every` unless its params set one."""
     import inspect
@@ -696,6 +781,8 @@ def execute_run(run: Mapping[str, Any]) -> dict[str, Any]:
     run_dir.mkdir(parents=True, exist_ok=True)
     base = {"hash": run["hash"], "dataset": run["dataset"]["label"], "algorithm": run["algorithm"], "label": run["label"],
             "variant": run["variant"], "params": run["params"], "seed": run["seed"], "steps": run["steps"], "dir": str(run_dir)}
+    if run.get("labelers"):
+        base["labelers"] = run["labelers"]
     try:
         with wait_for_lock(run_lock_path(run_dir), f"run {run_dir}", timeout=RUN_LOCK_TIMEOUT):
             return _execute_locked(run, run_dir, base)
@@ -714,6 +801,8 @@ def _execute_locked(run: Mapping[str, Any], run_dir: Path, base: dict[str, Any])
     started = time.time()
     try:
         dataset = _load_dataset(run["dataset"])
+        raw_dataset = dataset
+        labelers, dataset = _label_dataset(run, dataset)
         algo = _make_algorithm(run)
         env = _eval_env(run["dataset"], run["eval"], dataset)
         algo.fit(
@@ -727,7 +816,12 @@ def _execute_locked(run: Mapping[str, Any], run_dir: Path, base: dict[str, Any])
             resume=True,
             progress=False,
         )
-        algo.save(run_dir / "model.pt")
+        if labelers:  # the model file holds the whole pipeline, so a loaded model labels data the same way
+            from offrl.pipeline import Pipeline
+
+            Pipeline([*labelers, (run["algorithm"].lower(), algo)]).save(run_dir / "model.pt")
+        else:
+            algo.save(run_dir / "model.pt")
         history = list(getattr(algo, "history_", []))
         result = {**base, "status": "ok", "history": history}
         if history:
@@ -740,8 +834,9 @@ def _execute_locked(run: Mapping[str, Any], run_dir: Path, base: dict[str, Any])
         try:
             from offrl.datasets import normalized_score
 
-            result["dataset_score"] = float(np.mean(normalized_score(dataset, dataset.episode_returns())))
-        except ValueError:
+            # The logged data's score in the environment's own rewards (a labeller's rewards are not scores).
+            result["dataset_score"] = float(np.mean(normalized_score(raw_dataset, raw_dataset.episode_returns())))
+        except (ValueError, TypeError):
             result["dataset_score"] = float("nan")
         if run.get("ope") and env is not None:
             result["ope"] = _run_ope(algo, dataset, env, run["ope"], run["seed"])

@@ -305,7 +305,7 @@ def test_bad_arguments_exit_2_with_one_line_naming_the_fix(command, message, dat
     assert sorted(os.listdir(out)) == before  # a refused command touched nothing of the run
 
 
-@pytest.mark.parametrize("command", ["train", "evaluate", "export", "datasets convert", "datasets info",
+@pytest.mark.parametrize("command", ["train", "evaluate", "export", "datasets convert", "datasets info", "datasets label",
                                      "datasets build", "datasets list", "quickstart", "sweep", "report", "ope"])
 def test_help_ends_with_an_example_that_parses(command, capsys):
     with pytest.raises(SystemExit) as exit_:

@@ -151,6 +151,9 @@ def test_iqm_and_stratified_bootstrap():
         (lambda c: c.update({"seeds": "zero"}), "seeds"),
         (lambda c: c["datasets"].append({"spec": "offrl:pendulum-medium-v1", "build": {"sac_step": 9}}),
          "unknown build option"),
+        (lambda c: c["algorithms"]["BC"].update({"labelers": [{"NoSuchLabeler": {}}]}), "unknown labeler"),
+        (lambda c: c["algorithms"]["BC"].update({"labelers": [{"OTRewardLabeler": {"epsilon": -1}}]}), "epsilon"),
+        (lambda c: c["algorithms"]["BC"].update({"labelers": [{"RewardModelLabeler": {"n_step": 5}}]}), "n_step"),
     ],
 )
 def test_bad_config_is_reported_with_path_and_line(tmp_path, pendulum_npz, monkeypatch, mutate, needle):
@@ -260,3 +263,51 @@ def test_the_sweep_log_every_reaches_each_estimator():
         own = _make_algorithm({"algorithm": "BC", "params": {"log_every": 3}, "seed": 0, "device": "cpu",
                                "log_every": 7})
         assert own.log_every == 3
+
+
+def test_labelers_run_in_front_of_the_algorithm_and_save_with_it(tmp_path, pendulum_npz):
+    """OTR labels a reward-free copy of the data for IQL, a reward model fills hidden rewards; model.pt holds the
+    pipeline, and the dataset score stays the logged data's."""
+    import offrl
+    from offrl.reward_labeling import OTRewardLabeler
+
+    data = Dataset.load(pendulum_npz)
+    unlabelled = tmp_path / "no-rewards.npz"
+    data.without_rewards().save(unlabelled)
+    expert = tmp_path / "demo.npz"
+    data.subset([0]).save(expert)
+    small = {"hidden_dims": [32, 32]}
+    algorithms = {
+        "IQL-OTR": {"algorithm": "IQL", **small, "labelers": [{"OTRewardLabeler": {"expert": str(expert)}}]},
+        "IQL-RM": {"algorithm": "IQL", **small,
+                   "labelers": [{"RewardModelLabeler": {"label_fraction": 0.2, "n_steps": 50, "hidden_dims": [16]}}]},
+        "IQL": small,
+    }
+    datasets = [{"spec": str(pendulum_npz), "label": "logged"}, {"spec": str(unlabelled), "label": "no-rewards"}]
+    config = write_config(tmp_path / "sweep.yaml", datasets, steps=20, seeds=(0,), algorithms=algorithms)
+    results = run_sweep(config, backend="local", workers=1, out=tmp_path / "out", progress=False)
+    status = {(row.dataset, row.variant): row.status for row in results.itertuples()}
+    # Without rewards, only the OTR run can train; with them, all three.
+    assert status[("no-rewards", "IQL-OTR")] == "ok"
+    assert status[("no-rewards", "IQL")] == "failed" and status[("no-rewards", "IQL-RM")] == "failed"
+    assert all(status[(d, v)] == "ok" for d, v in status if d != "no-rewards")
+    rows = results.set_index(["dataset", "variant"])
+    logged = rows.loc[("logged", "IQL"), "dataset_score"]
+    assert np.isfinite(logged)
+    assert rows.loc[("logged", "IQL-RM"), "dataset_score"] == logged
+    assert rows.loc[("logged", "IQL-OTR"), "dataset_score"] == logged
+
+    run_dir = Path(rows.loc[("no-rewards", "IQL-OTR"), "dir"])
+    model = offrl.load(run_dir / "model.pt")
+    labeler = model.steps[0][1]
+    assert isinstance(labeler, OTRewardLabeler) and labeler.demonstrations_.shape[0] == 1
+    fresh = OTRewardLabeler(str(expert)).fit(Dataset.load(unlabelled))
+    np.testing.assert_array_equal(labeler.transform(Dataset.load(unlabelled)).rewards,
+                                  fresh.transform(Dataset.load(unlabelled)).rewards)
+    obs = data.observations[:5]
+    assert model.predict(obs).shape == (5, 1)
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["labelers"] == [["OTRewardLabeler", {"expert": str(expert)}]]
+    # The learned labeller took the run's seed.
+    rm = offrl.load(Path(rows.loc[("logged", "IQL-RM"), "dir"]) / "model.pt").steps[0][1]
+    assert rm.random_state == 0
