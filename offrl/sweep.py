@@ -243,7 +243,7 @@ def parse_config(
         raise fail("out", f"out must be a folder path (a string) or null, got {out!r}")
 
     datasets = _parse_datasets(raw["datasets"], fail, check_datasets)
-    algorithms = _parse_algorithms(raw["algorithms"], fail)
+    algorithms = _parse_algorithms(raw["algorithms"], fail, check_datasets)
 
     seeds_raw = raw.get("seeds", [0])
     if _is_int(seeds_raw):
@@ -466,7 +466,7 @@ def available_algorithms() -> list[str]:
     return names
 
 
-def _parse_algorithms(value: Any, fail: Any) -> dict[str, dict[str, Any]]:
+def _parse_algorithms(value: Any, fail: Any, check_datasets: bool = True) -> dict[str, dict[str, Any]]:
     from offrl.algos.params import InvalidParameterError, check_params
 
     if not isinstance(value, dict) or not value:
@@ -484,7 +484,7 @@ def _parse_algorithms(value: Any, fail: Any) -> dict[str, dict[str, Any]]:
                             f"is a grid), got {params!r}")
         params = dict(params)
         name = params.pop("algorithm", label)
-        labelers = _parse_labelers(params.pop("labelers", None), f"{key}.labelers", fail)
+        labelers = _parse_labelers(params.pop("labelers", None), f"{key}.labelers", fail, check_datasets)
         if not isinstance(name, str):
             raise fail(f"{key}.algorithm", f"algorithm must be an algorithm name such as 'IQL', got {name!r}")
         try:
@@ -532,7 +532,7 @@ def _labeler_classes() -> dict[str, type]:
     return {n: c for n, c in classes.items() if isinstance(c, type) and issubclass(c, DatasetTransformer)}
 
 
-def _parse_labelers(value: Any, key: str, fail: Any) -> list[list[Any]]:
+def _parse_labelers(value: Any, key: str, fail: Any, check_datasets: bool = True) -> list[list[Any]]:
     """`labelers:` of an algorithm: a list of {ClassName: {param: value}} applied in order before fitting.
 
     Returned as [[name, params], ...] (JSON-shaped, so it enters the run hash as written).
@@ -564,21 +564,33 @@ def _parse_labelers(value: Any, key: str, fail: Any) -> list[list[Any]]:
                 check_params(labeler)
             except InvalidParameterError as err:
                 raise fail(f"{ikey}.{name}", str(err)) from None
+        if "expert" in labeler.get_params():  # demonstrations: a load spec that must exist now, not at run time
+            expert = params.get("expert")
+            problem = (f"{name} needs expert demonstrations: expert: <load spec>" if not isinstance(expert, str)
+                       else dataset_problem(expert, build=False) if check_datasets else None)
+            if problem:
+                raise fail(f"{ikey}.{name}.expert", problem)
         out.append([name, dict(params)])
     return out
 
 
-def make_labelers(specs: Sequence[Sequence[Any]], seed: int | None = None) -> list[tuple[str, Any]]:
-    """The (step name, transformer) pairs of a run's `labelers`; a learned labeller without a random_state gets
-    the run's seed."""
+def make_labelers(specs: Sequence[Sequence[Any]], seed: int | None = None,
+                  device: str | None = None) -> list[tuple[str, Any]]:
+    """The (step name, transformer) pairs of a run's `labelers`.  A labeller whose config leaves `random_state`
+    or `device` unset takes the run's seed and the sweep's device."""
+    from offrl.pipeline import _step_names
+
     classes = _labeler_classes()
-    steps = []
+    labelers = []
     for name, params in specs:
         labeler = classes[name](**params)
-        if seed is not None and "random_state" in labeler.get_params() and labeler.get_params()["random_state"] is None:
+        defaults = labeler.get_params()
+        if seed is not None and "random_state" in defaults and "random_state" not in params:
             labeler.set_params(random_state=seed)
-        steps.append((name.lower(), labeler))
-    return steps
+        if device is not None and "device" in defaults and "device" not in params:
+            labeler.set_params(device=device)
+        labelers.append(labeler)
+    return list(zip(_step_names(tuple(labelers)), labelers))
 
 
 def _grid_values(spec: Any, default: Any, key: str, fail: Any) -> tuple[list[Any], list[str]]:
@@ -725,8 +737,9 @@ def _label_dataset(run: Mapping[str, Any], dataset: Any) -> tuple[list[tuple[str
     specs = run.get("labelers") or []
     if not specs:
         return [], dataset
-    labelers = make_labelers(specs, seed=run["seed"])
-    seeded = any("random_state" in labeler.get_params() for _, labeler in labelers)
+    labelers = make_labelers(specs, seed=run["seed"], device=run.get("device"))
+    seeded = any("random_state" in labeler.get_params() and "random_state" not in params
+                 for (_, labeler), (_, params) in zip(labelers, specs))
     key = json.dumps([run["dataset"]["spec"], run["dataset"].get("build_options") or {}, specs,
                       run["seed"] if seeded else None], sort_keys=True, default=str)
     if key not in _LABELLED_CACHE:
@@ -839,7 +852,12 @@ def _execute_locked(run: Mapping[str, Any], run_dir: Path, base: dict[str, Any])
         except (ValueError, TypeError):
             result["dataset_score"] = float("nan")
         if run.get("ope") and env is not None:
-            result["ope"] = _run_ope(algo, dataset, env, run["ope"], run["seed"])
+            # OPE is scored against roll-outs in the environment's own rewards, so it reads the logged data:
+            # labelled rewards are in another unit, and labelled actions lack their behaviour probabilities.
+            missing = raw_dataset.missing_labels()
+            result["ope"] = (_run_ope(algo, raw_dataset, env, run["ope"], run["seed"]) if not missing else
+                             {"skipped": f"the logged data lacks {', '.join(missing)}, so its estimates would not "
+                                         "be in the environment's rewards"})
         result["train_seconds"] = time.time() - started
         (run_dir / "error.txt").unlink(missing_ok=True)
         _write_json(run_dir / "result.json", result)

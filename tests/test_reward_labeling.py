@@ -430,10 +430,44 @@ def test_reward_model_refuses_a_dataset_without_actions(pendulum_data):
         RewardModelLabeler(n_steps=10, **SMALL_MODEL).fit(data.without_actions())
     fitted = RewardModelLabeler(n_steps=10, **SMALL_MODEL).fit(data)
     half = np.arange(data.n_transitions) % 2 == 0
-    with pytest.raises(ValueError, match="needs actions"):  # rewards to fill, actions to fill them from missing
+    with pytest.raises(ValueError, match="actions are missing in 200 of the 400 rows it labels"):
         fitted.transform(data.without_rewards().without_actions(keep=half))
     # With every reward present there is nothing to fill, so missing actions do not matter.
     np.testing.assert_array_equal(fitted.transform(data.without_actions(keep=half)).rewards, data.rewards)
+    # Only the rows to fill need actions: rewards missing where actions are present.
+    out = fitted.transform(data.without_actions(keep=half).without_rewards(keep=~half))
+    assert out.is_labelled("rewards") and not out.is_labelled("actions")
+    np.testing.assert_array_equal(out.rewards[~half], data.rewards[~half])
+
+
+def test_label_fraction_samples_among_the_labelled_and_only_on_the_fitted_data(pendulum_data):
+    """On partly labelled data label_fraction keeps a fraction of the labelled episodes (never a true label
+    overwritten); on another dataset it hides nothing and fills only what is missing."""
+    data = pendulum_data.subset(range(8))
+    lengths = data.episode_lengths()
+    labelled_eps = np.array([1, 0, 1, 0, 0, 1, 0, 1], bool)  # 4 of 8 episodes have actions
+    partial = data.without_actions(keep=np.repeat(labelled_eps, lengths))
+    labeler = InverseDynamicsLabeler(label_fraction=0.5, n_steps=20, random_state=0, **SMALL_MODEL).fit(partial)
+    keep = labeler._keep_mask(partial, labeler.label_seed_)
+    kept_eps = np.unique(np.repeat(np.arange(8), lengths)[keep])
+    assert len(kept_eps) == 2 and labelled_eps[kept_eps].all()
+    out = labeler.transform(partial)
+    np.testing.assert_array_equal(out.actions[keep], data.actions[keep])
+    assert out.metadata["transforms"][-1]["label_fraction_applied"] is True
+    other = pendulum_data.subset(range(8, 12))
+    again = labeler.transform(other.without_actions(keep=np.repeat([True, False, True, False], other.episode_lengths())))
+    record = again.metadata["transforms"][-1]
+    assert record["label_fraction_applied"] is False and record["n_labelled"] == other.episode_lengths()[[1, 3]].sum()
+    np.testing.assert_array_equal(labeler.transform(other).actions, other.actions)  # nothing hidden, nothing filled
+
+
+def test_inverse_dynamics_drops_the_log_probs_of_the_actions_it_replaces():
+    ds = Dataset.from_episodes(make_episodes((20, 20, 20), obs_dim=3, act_dim=1, log_probs=True), discrete_actions=None)
+    assert ds.has_behavior_log_probs
+    partial = ds.without_actions(keep=np.arange(ds.n_transitions) < 40)
+    out = InverseDynamicsLabeler(n_steps=10, random_state=0, **SMALL_MODEL).fit_transform(partial)
+    assert out.is_labelled("actions") and not out.has_behavior_log_probs
+    assert out.metadata["transforms"][-1]["dropped"] == "behavior_log_probs"
 
 
 # ---------------------------------------------------------------------- 5. pipelines, clone, save and load

@@ -154,6 +154,9 @@ def test_iqm_and_stratified_bootstrap():
         (lambda c: c["algorithms"]["BC"].update({"labelers": [{"NoSuchLabeler": {}}]}), "unknown labeler"),
         (lambda c: c["algorithms"]["BC"].update({"labelers": [{"OTRewardLabeler": {"epsilon": -1}}]}), "epsilon"),
         (lambda c: c["algorithms"]["BC"].update({"labelers": [{"RewardModelLabeler": {"n_step": 5}}]}), "n_step"),
+        (lambda c: c["algorithms"]["BC"].update({"labelers": [{"OTRewardLabeler": {"expert": "nowhere.npz"}}]}),
+         "nowhere.npz does not exist"),
+        (lambda c: c["algorithms"]["BC"].update({"labelers": [{"OTRewardLabeler": {}}]}), "needs expert"),
     ],
 )
 def test_bad_config_is_reported_with_path_and_line(tmp_path, pendulum_npz, monkeypatch, mutate, needle):
@@ -308,6 +311,43 @@ def test_labelers_run_in_front_of_the_algorithm_and_save_with_it(tmp_path, pendu
     assert model.predict(obs).shape == (5, 1)
     result = json.loads((run_dir / "result.json").read_text())
     assert result["labelers"] == [["OTRewardLabeler", {"expert": str(expert)}]]
-    # The learned labeller took the run's seed.
+    # The learned labeller took the run's seed and the sweep's device.
     rm = offrl.load(Path(rows.loc[("logged", "IQL-RM"), "dir"]) / "model.pt").steps[0][1]
-    assert rm.random_state == 0
+    assert rm.random_state == 0 and rm.device == "cpu"
+
+
+def test_labelled_runs_evaluate_ope_on_the_logged_rewards(tmp_path, pendulum_npz, monkeypatch):
+    """OPE of a run on relabelled rewards reads the logged data (the true value is in the env's rewards); on data
+    that lacks rewards it is skipped with the reason.  Runs execute in this process, with the OPE call recorded."""
+    import offrl
+    from offrl import sweep
+
+    data = Dataset.load(pendulum_npz)
+    unlabelled = tmp_path / "no-rewards.npz"
+    data.without_rewards().save(unlabelled)
+    expert = tmp_path / "demo.npz"
+    data.subset([0]).save(expert)
+    labelers = [{"OTRewardLabeler": {"expert": str(expert)}}, {"RewardScaler": {"method": "none"}},
+                {"RewardScaler": {"method": "std"}}]
+    algorithms = {"BC-OTR": {"algorithm": "BC", "hidden_dims": [32, 32], "labelers": labelers},
+                  "BC": {"hidden_dims": [32, 32]}}
+    datasets = [{"spec": str(pendulum_npz), "label": "logged"}, {"spec": str(unlabelled), "label": "no-rewards"}]
+    config = write_config(tmp_path / "sweep.yaml", datasets, steps=20, seeds=(0,), algorithms=algorithms)
+    raw = yaml.safe_load(config.read_text())
+    raw["ope"] = {"estimators": ["FQE"], "rollouts": 2}
+    config.write_text(yaml.safe_dump(raw, sort_keys=False))
+    seen = []
+    monkeypatch.setattr(sweep, "_run_ope", lambda algo, dataset, env, cfg, seed: seen.append(dataset.rewards.copy())
+                        or {"FQE": "recorded"})
+    results = {(run["dataset"]["label"], run["variant"]): sweep.execute_run(run)
+               for run in sweep.expand_runs(load_config(config), tmp_path / "out")}
+    assert all(r["status"] == "ok" for r in results.values())  # BC needs no rewards
+    assert results[("logged", "BC-OTR")]["ope"] == {"FQE": "recorded"}
+    assert len(seen) == 2  # the two runs on logged data, each given the logged rewards, not OTR's
+    for rewards in seen:
+        np.testing.assert_array_equal(rewards, data.rewards)
+    for key in [("no-rewards", "BC-OTR"), ("no-rewards", "BC")]:
+        assert results[key]["ope"] == {"skipped": "the logged data lacks rewards, so its estimates would not be in "
+                                                  "the environment's rewards"}
+    model = offrl.load(Path(results[("logged", "BC-OTR")]["dir"]) / "model.pt")
+    assert [name for name, _ in model.steps] == ["otrewardlabeler", "rewardscaler-1", "rewardscaler-2", "bc"]

@@ -500,7 +500,8 @@ def flush_denormals() -> Iterator[None]:
     L2 weight decay drives the weights of dead units below float32's smallest normal (1.2e-38); CPU matmuls
     with a fraction of a percent of such weights run several times slower (MBRCSL's 1024-wide policy 3.2x,
     a labeller's 256-wide reward model 2.4x in training and 10x in prediction).  Values that small change no
-    result that matters.
+    result that matters.  torch cannot report the current setting, so the outermost block leaves flushing off
+    even if the caller had turned it on.
     """
     global _flush_depth
     flushing = torch.set_flush_denormal(True)

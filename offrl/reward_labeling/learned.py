@@ -20,6 +20,7 @@ labelled dataset; the same rows are hidden again at `transform`.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any, Sequence
 
 import numpy as np
@@ -32,6 +33,14 @@ from offrl.datasets.transformers import DatasetTransformer
 from offrl.nn import MLP, flush_denormals
 
 __all__ = ["InverseDynamicsLabeler", "RewardModelLabeler"]
+
+
+def _fingerprint(dataset: Dataset) -> str:
+    """A digest of a dataset's episodes and observations: tells the dataset a labeller was fitted on from others."""
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(np.ascontiguousarray(dataset.episode_starts, dtype=np.int64).tobytes())
+    digest.update(np.ascontiguousarray(dataset.observations).tobytes())
+    return digest.hexdigest()
 
 
 class _SupervisedLabeler(DatasetTransformer):
@@ -73,24 +82,32 @@ class _SupervisedLabeler(DatasetTransformer):
     def _is_classifier(self, dataset: Dataset) -> bool:
         return False
 
-    def _check_inputs(self, dataset: Dataset) -> None:
-        """Refuse a dataset that lacks a column the features need."""
+    def _check_inputs(self, dataset: Dataset, rows: np.ndarray, use: str) -> None:
+        """Refuse a dataset that lacks, in `rows`, a column the features need (`use` says what the rows are for)."""
 
     # ------------------------------------------------------------------ label hiding
     def _keep_mask(self, dataset: Dataset, label_seed: int) -> np.ndarray | None:
-        """Rows whose label `label_fraction` keeps (None when it is not set)."""
-        if self.label_fraction is None:
+        """Rows whose label `label_fraction` keeps: a seeded fraction of the labelled episodes (or transitions).
+
+        None when `label_fraction` is not set, or when `dataset` is not the one the labeller was fitted on:
+        there every true label is kept and only missing ones are filled.
+        """
+        if self.label_fraction is None or _fingerprint(dataset) != getattr(self, "fit_fingerprint_", None):
             return None
         rng = np.random.default_rng(label_seed)
+        mask = dataset.label_mask(self.label)
+        labelled = np.ones(dataset.n_transitions, bool) if mask is None else mask
         if self.label_unit == "episodes":
-            n_keep = max(1, int(round(self.label_fraction * dataset.n_episodes)))
-            episodes = rng.permutation(dataset.n_episodes)[:n_keep]
-            keep = np.zeros(dataset.n_episodes, dtype=bool)
-            keep[episodes] = True
-            return np.repeat(keep, dataset.episode_lengths())
-        n_keep = max(1, int(round(self.label_fraction * dataset.n_transitions)))
+            episode_of = np.repeat(np.arange(dataset.n_episodes), dataset.episode_lengths())
+            candidates = np.unique(episode_of[labelled])
+            n_keep = max(1, int(round(self.label_fraction * len(candidates))))
+            keep_episode = np.zeros(dataset.n_episodes, dtype=bool)
+            keep_episode[rng.permutation(candidates)[:n_keep]] = True
+            return keep_episode[episode_of] & labelled
+        candidates = np.flatnonzero(labelled)
+        n_keep = max(1, int(round(self.label_fraction * len(candidates))))
         keep = np.zeros(dataset.n_transitions, dtype=bool)
-        keep[rng.permutation(dataset.n_transitions)[:n_keep]] = True
+        keep[rng.permutation(candidates)[:n_keep]] = True
         return keep
 
     def _visible(self, dataset: Dataset, label_seed: int) -> Dataset:
@@ -108,15 +125,16 @@ class _SupervisedLabeler(DatasetTransformer):
         from offrl.algos.params import check_params
 
         check_params(self)
-        self._check_inputs(dataset)
         seed_value = _seed_from(self.random_state)
         self.label_seed_ = int(np.random.default_rng(seed_value).integers(0, 2**62))
+        self.fit_fingerprint_ = _fingerprint(dataset)
         visible = self._visible(dataset, self.label_seed_)
         mask = visible.label_mask(self.label)
         rows = np.arange(visible.n_transitions) if mask is None else np.flatnonzero(mask)
         if len(rows) < 2:
             raise ValueError(f"{type(self).__name__} needs at least 2 rows with {self.label} to learn from, found "
                              f"{len(rows)}; label more rows (or raise label_fraction)")
+        self._check_inputs(visible, rows, "trains on")
         features = self._features(visible)
         targets = self._targets(visible)
         classifier = self._is_classifier(visible)
@@ -160,6 +178,9 @@ class _SupervisedLabeler(DatasetTransformer):
             self._build_fitted_modules()
             self.model_.to(device)
             best = self._train(x_tr, y_tr, x_val, y_val, generator)
+        if best["state"] is None:
+            raise ValueError(f"{type(self).__name__}: the validation loss was never finite; the {self.label} or the "
+                             "observations hold extreme values (check them, or rescale them first)")
         self.model_.load_state_dict(best["state"])
         self.model_.cpu().eval()
         self.n_training_rows_ = int(len(train_rows))
@@ -205,13 +226,14 @@ class _SupervisedLabeler(DatasetTransformer):
         self.model_ = MLP(self.in_dim_, self.out_dim_, tuple(self.hidden_dims))
 
     # ------------------------------------------------------------------ predict / transform
-    def predict_labels(self, dataset: Dataset, batch_size: int = 65536) -> np.ndarray:
-        """The model's label for every row of `dataset` (actions (n, action_dim) or rewards (n,)), float32."""
+    def predict_labels(self, dataset: Dataset, rows: np.ndarray | None = None, batch_size: int = 65536) -> np.ndarray:
+        """The model's label for `rows` of `dataset` (default: every row): actions (n, action_dim) or rewards (n,)."""
         from sklearn.utils.validation import check_is_fitted
 
         check_is_fitted(self)
-        self._check_inputs(dataset)
-        features = self._features(dataset)
+        rows = np.arange(dataset.n_transitions) if rows is None else np.asarray(rows)
+        self._check_inputs(dataset, rows, "labels")
+        features = self._features(dataset)[rows]
         outs = []
         with torch.no_grad(), flush_denormals():
             for start in range(0, len(features), batch_size):
@@ -234,15 +256,19 @@ class _SupervisedLabeler(DatasetTransformer):
             fill = np.ones(visible.n_transitions, bool)
         else:
             fill = np.zeros(visible.n_transitions, bool) if mask is None else ~mask
+        shape = (visible.n_transitions, visible.action_dim) if self.label == "actions" else (visible.n_transitions,)
+        values = np.zeros(shape, np.float32)
         if fill.any():
-            pred = self.predict_labels(visible)
-        else:  # nothing to label: a copy (with its own metadata) of the input
-            shape = (visible.n_transitions, visible.action_dim) if self.label == "actions" else (visible.n_transitions,)
-            pred = np.zeros(shape, np.float32)
-        out = getattr(visible, f"with_{self.label}")(pred, mask=fill)
+            values[fill] = self.predict_labels(visible, np.flatnonzero(fill))
+        out = getattr(visible, f"with_{self.label}")(values, mask=fill)  # a copy, with its own metadata
+        info = {}
+        if self.label == "actions" and fill.any() and out.has_behavior_log_probs:
+            # The logged log-probabilities belong to the logged actions, not to the predicted ones.
+            out = out.without_behavior_log_probs()
+            info["dropped"] = "behavior_log_probs"
         return self._record(out, labels=self.label, n_labelled=int(fill.sum()), fill=self.fill,
-                            label_fraction=self.label_fraction, n_training_rows=self.n_training_rows_,
-                            validation_loss=self.validation_loss_)
+                            label_fraction=self.label_fraction, label_fraction_applied=visible is not dataset,
+                            n_training_rows=self.n_training_rows_, validation_loss=self.validation_loss_, **info)
 
 
 class InverseDynamicsLabeler(_SupervisedLabeler):
@@ -283,8 +309,13 @@ class RewardModelLabeler(_SupervisedLabeler):
     label = "rewards"
     label_unit = "transitions"
 
-    def _check_inputs(self, dataset: Dataset) -> None:
-        dataset.require_labels("actions", context="RewardModelLabeler (its model reads r(s, a, s'))")
+    def _check_inputs(self, dataset: Dataset, rows: np.ndarray, use: str) -> None:
+        mask = dataset.label_mask("actions")
+        missing = len(rows) if mask is not None and not mask.any() else 0 if mask is None else int((~mask[rows]).sum())
+        if missing:
+            raise ValueError(f"RewardModelLabeler reads r(s, a, s'), but actions are missing in {missing} of the "
+                             f"{len(rows)} rows it {use}; fill them first (an InverseDynamicsLabeler ahead of it in "
+                             "the pipeline, or dataset.with_actions(...))")
 
     def _features(self, dataset: Dataset) -> np.ndarray:
         actions = dataset.actions
