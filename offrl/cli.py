@@ -126,7 +126,6 @@ def _datasets_info(args: argparse.Namespace) -> int:
     from offrl.datasets import normalized_score
 
     ds = _load_dataset(args.spec, args.download)
-    returns = ds.episode_returns()
     lengths = ds.episode_lengths()
     rows = [
         ("dataset", ds.metadata.get("name", args.spec)),
@@ -136,16 +135,29 @@ def _datasets_info(args: argparse.Namespace) -> int:
         ("action dim", ds.action_dim if ds.discrete_actions is None else f"discrete ({ds.discrete_actions} actions)"),
         ("terminals / timeouts", f"{int(ds.terminals.sum()):,} / {int(ds.timeouts.sum()):,}"),
         ("episode length", f"mean {lengths.mean():.1f}, min {lengths.min()}, max {lengths.max()}"),
-        (
-            "episode return",
-            f"mean {returns.mean():.3f} ± {returns.std():.3f}, min {returns.min():.3f}, max {returns.max():.3f}",
-        ),
     ]
-    try:
-        scores = normalized_score(ds, returns)
-        rows.append(("normalised score", f"mean {scores.mean():.1f}, min {scores.min():.1f}, max {scores.max():.1f}"))
-    except ValueError:
-        rows.append(("normalised score", "n/a (no reference scores)"))
+    for name in ds.missing_labels():
+        rows.append((f"missing {name}", f"{ds.n_transitions - ds.n_labelled(name):,} of {ds.n_transitions:,} rows"))
+    transforms = [t for t in ds.metadata.get("transforms", []) if isinstance(t, dict)]
+    if transforms:
+        rows.append(("transforms", ", ".join(str(t.get("transformer")) + (f" ({t['labels']})" if "labels" in t else "")
+                                             for t in transforms)))
+    relabelled = [t.get("transformer") for t in transforms if t.get("labels") == "rewards"]
+    if ds.is_labelled("rewards"):
+        returns = ds.episode_returns()
+        rows.append(("episode return", f"mean {returns.mean():.3f} ± {returns.std():.3f}, min {returns.min():.3f}, "
+                                       f"max {returns.max():.3f}"))
+        try:
+            if relabelled:  # the reference scores are in the environment's rewards, not the labeller's
+                raise ValueError
+            scores = normalized_score(ds, returns)
+            rows.append(("normalised score",
+                         f"mean {scores.mean():.1f}, min {scores.min():.1f}, max {scores.max():.1f}"))
+        except ValueError:
+            reason = f"rewards labelled by {relabelled[-1]}" if relabelled else "no reference scores"
+            rows.append(("normalised score", f"n/a ({reason})"))
+    else:
+        rows.append(("episode return", "n/a (rewards missing)"))
     rows.append(("behaviour log-probs", "present" if ds.has_behavior_log_probs else "absent"))
     width = max(len(k) for k, _ in rows)
     for key, value in rows:

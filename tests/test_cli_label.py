@@ -216,3 +216,25 @@ def test_help_ends_with_examples_that_parse(capsys):
         assert args.func.__name__ == "_datasets_label" and args.out.endswith(".npz")
         flags |= {name for name in ("otr", "inverse_dynamics", "reward_model") if getattr(args, name)}
     assert flags == {"otr", "inverse_dynamics", "reward_model"}  # one example per labeller
+
+
+def test_info_shows_what_a_labeller_did_and_no_score_in_its_units(tmp_path, capsys):
+    """`datasets info` on a labelled file names the labeller and gives no normalised score for relabelled rewards
+    (the reference scores are in the environment's rewards); on a reward-free file it says rewards are missing."""
+    data = Dataset.from_episodes(make_episodes((6, 5, 7), obs_dim=3, act_dim=1, log_probs=False),
+                                 metadata={"ref_min_score": -10.0, "ref_max_score": 10.0})
+    data.save(tmp_path / "data.npz")
+    data.without_rewards().save(tmp_path / "bare.npz")
+    data.subset([0]).save(tmp_path / "expert.npz")
+    assert main(["datasets", "label", str(tmp_path / "data.npz"), "--otr", str(tmp_path / "expert.npz"),
+                 "--out", str(tmp_path / "otr.npz")]) == 0
+    capsys.readouterr()
+    assert main(["datasets", "info", str(tmp_path / "otr.npz")]) == 0
+    out = capsys.readouterr().out
+    assert "transforms            OTRewardLabeler (rewards)" in out
+    assert "normalised score      n/a (rewards labelled by OTRewardLabeler)" in out
+    assert main(["datasets", "info", str(tmp_path / "data.npz")]) == 0
+    assert "normalised score      mean" in capsys.readouterr().out
+    assert main(["datasets", "info", str(tmp_path / "bare.npz")]) == 0
+    out = capsys.readouterr().out
+    assert "missing rewards       18 of 18 rows" in out and "episode return        n/a (rewards missing)" in out
