@@ -231,3 +231,15 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+def run_cli(argv: list[str], capsys: pytest.CaptureFixture) -> tuple[int, str, str]:
+    """(exit status, stdout, stderr) of `offrl argv` in process; argparse's usage errors exit through SystemExit."""
+    from offrl.cli import main
+
+    try:
+        code = main(argv)
+    except SystemExit as exit_:
+        code = exit_.code
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import offrl
-from conftest import assert_same_columns, pendulum_shaped_dataset
+from conftest import assert_same_columns, pendulum_shaped_dataset, run_cli as run
 from offrl.cli import _setting, build_parser, main
 from offrl.datasets import Dataset, load
 
@@ -30,16 +30,6 @@ pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.filterwarnings(
 
 # Small networks and batches, so a few steps take a fraction of a second.
 TINY = ["--set", "hidden_dims=[16,16]", "--set", "batch_size=16", "--no-progress"]
-
-
-def run(argv: list[str], capsys: pytest.CaptureFixture) -> tuple[int, str, str]:
-    """(exit status, stdout, stderr) of `offrl argv` in process; argparse's usage errors exit through SystemExit."""
-    try:
-        code = main(argv)
-    except SystemExit as exit_:
-        code = exit_.code
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 @pytest.fixture(scope="module")

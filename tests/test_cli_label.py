@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import make_episodes
+from conftest import make_episodes, run_cli as run
 from offrl.cli import build_parser, main
 from offrl.datasets import Dataset
 from offrl.reward_labeling import InverseDynamicsLabeler, OTRewardLabeler, RewardModelLabeler
@@ -22,16 +22,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 # Few training steps: the tests check what the command writes, not how well the models learn.
 FAST = ["--n-steps", "30", "--random-state", "0"]
-
-
-def run(argv: list[str], capsys: pytest.CaptureFixture) -> tuple[int, str, str]:
-    """(exit status, stdout, stderr) of `offrl argv` in process; argparse's usage errors exit through SystemExit."""
-    try:
-        code = main(argv)
-    except SystemExit as exit_:
-        code = exit_.code
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def small_dataset(lengths: tuple[int, ...], seed: int) -> Dataset:
