@@ -87,12 +87,9 @@ class _SupervisedLabeler(DatasetTransformer):
 
     # ------------------------------------------------------------------ label hiding
     def _keep_mask(self, dataset: Dataset, label_seed: int) -> np.ndarray | None:
-        """Rows whose label `label_fraction` keeps: a seeded fraction of the labelled episodes (or transitions).
-
-        None when `label_fraction` is not set, or when `dataset` is not the one the labeller was fitted on:
-        there every true label is kept and only missing ones are filled.
-        """
-        if self.label_fraction is None or _fingerprint(dataset) != getattr(self, "fit_fingerprint_", None):
+        """Rows whose label `label_fraction` keeps: a seeded fraction of the labelled episodes (or transitions);
+        None when `label_fraction` is not set."""
+        if self.label_fraction is None:
             return None
         rng = np.random.default_rng(label_seed)
         mask = dataset.label_mask(self.label)
@@ -110,11 +107,15 @@ class _SupervisedLabeler(DatasetTransformer):
         keep[rng.permutation(candidates)[:n_keep]] = True
         return keep
 
-    def _visible(self, dataset: Dataset, label_seed: int) -> Dataset:
-        """`dataset` with the labels `label_fraction` hides removed."""
-        keep = self._keep_mask(dataset, label_seed)
-        if keep is None:
+    def _visible(self, dataset: Dataset, fitted_data: bool = False) -> Dataset:
+        """`dataset` with the labels `label_fraction` hides removed.
+
+        Only on the dataset the labeller was fitted on (`fitted_data`, or the same fingerprint): on any other
+        every true label is kept and only missing ones are filled.
+        """
+        if self.label_fraction is None or not (fitted_data or _fingerprint(dataset) == self.fit_fingerprint_):
             return dataset
+        keep = self._keep_mask(dataset, self.label_seed_)
         drop = getattr(dataset, f"without_{self.label}")
         return drop(keep=keep)
 
@@ -128,7 +129,7 @@ class _SupervisedLabeler(DatasetTransformer):
         seed_value = _seed_from(self.random_state)
         self.label_seed_ = int(np.random.default_rng(seed_value).integers(0, 2**62))
         self.fit_fingerprint_ = _fingerprint(dataset)
-        visible = self._visible(dataset, self.label_seed_)
+        visible = self._visible(dataset, fitted_data=True)
         mask = visible.label_mask(self.label)
         rows = np.arange(visible.n_transitions) if mask is None else np.flatnonzero(mask)
         if len(rows) < 2:
@@ -250,7 +251,7 @@ class _SupervisedLabeler(DatasetTransformer):
         return pred
 
     def _transform(self, dataset: Dataset) -> Dataset:
-        visible = self._visible(dataset, self.label_seed_)
+        visible = self._visible(dataset)
         mask = visible.label_mask(self.label)
         if self.fill == "all":
             fill = np.ones(visible.n_transitions, bool)
@@ -311,7 +312,7 @@ class RewardModelLabeler(_SupervisedLabeler):
 
     def _check_inputs(self, dataset: Dataset, rows: np.ndarray, use: str) -> None:
         mask = dataset.label_mask("actions")
-        missing = len(rows) if mask is not None and not mask.any() else 0 if mask is None else int((~mask[rows]).sum())
+        missing = 0 if mask is None else int((~mask[rows]).sum())  # mask is all False when no row has actions
         if missing:
             raise ValueError(f"RewardModelLabeler reads r(s, a, s'), but actions are missing in {missing} of the "
                              f"{len(rows)} rows it {use}; fill them first (an InverseDynamicsLabeler ahead of it in "
