@@ -21,6 +21,7 @@ as tensors on the training device and touches Python floats only every
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import warnings
 from pathlib import Path
@@ -130,8 +131,14 @@ class BaseEstimator(sklearn.base.BaseEstimator):
         "tau": _FRACTION, "n_steps": integer(0), "normalize_observations": boolean(), "reward_scale": real(),
         "reward_bias": real(), "reward_normalization": choice(None, "return_range", "none"),
         "precision": choice(*PRECISIONS), "compile": compile_option(), "log_every": integer(1),
-        "device": device_name(), "random_state": seed(),
+        "device": device_name(), "random_state": seed(), "n_critics": integer(1),
     }
+
+    # Set by an online fine-tuning strategy for the length of its run (`offrl.online.strategies`), never saved:
+    # the size of the random critic subset whose minimum forms the TD target (REDQ / RLPD; None: all critics), and
+    # whether the update keeps its offline conservative term (CQL's penalty; WSRL and E2O drop it online).
+    _critic_subset: int | None = None
+    _conservative: bool = True
 
     # State names of model files written by older offrl versions: {old module name: new}, and
     # {(module name, old tensor name): new tensor name}.  Applied when a file is loaded.
@@ -160,6 +167,21 @@ class BaseEstimator(sklearn.base.BaseEstimator):
 
     def _value(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         raise AttributeError(f"{type(self).__name__} has no critic, so predict_value is not available")
+
+    def _target_min(self, critic: nn.Module, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """min_i Q_i(s, a) over the ensemble, or over a fresh random subset of `_critic_subset` members (RLPD's
+        2 of 10), drawn with the global torch RNG so a seeded run repeats."""
+        k = self._critic_subset
+        n = int(critic.n_critics)
+        if k is None or k >= n:
+            return critic(obs, actions).min(0).values
+        members = torch.randperm(n, device=obs.device)[:k]
+        return critic(obs, actions, members=members).min(0).values
+
+    def _actor_q(self, q: torch.Tensor) -> torch.Tensor:
+        """The actor's value of its actions from q (n_critics, ...): the ensemble minimum, or its mean when the
+        targets use random subsets (REDQ and RLPD: the subset minimum already keeps the estimate down)."""
+        return q.min(0).values if self._critic_subset is None else q.mean(0)
 
     def _export_actor(self) -> nn.Module:
         """A module mapping normalised observations to deterministic actions (for TorchScript export)."""
@@ -237,11 +259,17 @@ class BaseEstimator(sklearn.base.BaseEstimator):
         return objects
 
     def _fitted_attributes(self) -> dict[str, Any]:
-        return {k: v for k, v in vars(self).items()
-                if k.endswith("_") and not k.startswith("_") and isinstance(v, (int, float, str, bool)) and k != "spec_"}
+        attributes = {k: v for k, v in vars(self).items()
+                      if k.endswith("_") and not k.startswith("_") and isinstance(v, (int, float, str, bool))
+                      and k != "spec_"}
+        if isinstance(getattr(self, "online_strategy_", None), dict):  # the fine-tuning strategy and its state
+            attributes["online_strategy_"] = self.online_strategy_
+        return attributes
 
     def _restore(self, spec: dict[str, Any], state: Mapping[str, Any], attributes: Mapping[str, Any]) -> None:
         self._build_all(spec)
+        if "online_guide_policy_" in state:  # JSRL's guide: a frozen copy of the policy at the switch to online
+            self.online_guide_policy_ = copy.deepcopy(self.policy_).requires_grad_(False)
         objects = self._state_objects(include_optimizers=True)
         for name, value in state.items():
             if name not in objects:
@@ -625,10 +653,14 @@ class OfflineAlgorithm(BaseEstimator):
 
         The networks, optimisers and training-unit transforms (observation
         normalisation, reward scale) are the offline ones, and the update is
-        the offline `_update` on replay batches.  `strategy` is an
-        `offrl.online.OnlineStrategy` (or "naive": no warm-up, one update per
-        step); with `offline_dataset` the replay buffer starts with that data
-        (the naive recipe).  Stochastic policies explore by sampling,
+        the offline `_update` on replay batches.  `strategy` is a recipe of
+        `offrl.online.strategies`: "naive" (no warm-up, one update per step;
+        with `offline_dataset` the replay buffer starts with that data),
+        "wsrl", "rlpd", "calql", "jsrl", "e2o", a {name: params} mapping or
+        an `OnlineStrategy` instance; `offline_dataset` is the data the
+        recipes that sample it (RLPD, Cal-QL) draw from.  The strategy's
+        description and state end in `online_strategy_` (saved with the
+        model), JSRL's guide in `online_guide_policy_`.  Stochastic policies explore by sampling,
         deterministic ones (TD3+BC) by Gaussian noise of `exploration_noise`
         times the action range's half-width.  Counters and evaluation rows go
         to `online_steps_done_`, `online_history_` etc., so the offline
@@ -639,18 +671,14 @@ class OfflineAlgorithm(BaseEstimator):
         from offrl.datasets import load as load_dataset
 
         self.check_params()
-        from offrl.online.loop import FINE_TUNING_NAMES, OnlineStrategy, make_envs, run_online
+        from offrl.online.loop import FINE_TUNING_NAMES, make_envs, run_online
+        from offrl.online.strategies import resolve_strategy
 
         self._check_fitted()
         if not (self.has_critic and isinstance(getattr(self, "policy_", None), nn.Module)):
             raise ValueError(f"{type(self).__name__} has no policy and critic to continue online; fine-tune an "
                              "algorithm with both (TD3PlusBC, IQL, CQL, CalQL)")
-        if isinstance(strategy, str):
-            if strategy != "naive":
-                raise ValueError(f"strategy {strategy!r} is unknown; use 'naive' or an offrl.online.OnlineStrategy")
-            strategy = OnlineStrategy()
-        if not isinstance(strategy, OnlineStrategy):
-            raise TypeError(f"strategy must be 'naive' or an OnlineStrategy, got {type(strategy).__name__}")
+        strategy = resolve_strategy(strategy)
         if isinstance(offline_dataset, (str, os.PathLike)):
             offline_dataset = load_dataset(offline_dataset)
         if offline_dataset is not None:

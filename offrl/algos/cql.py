@@ -109,6 +109,7 @@ class CQL(OfflineAlgorithm):
         cql_clip_diff_max: float | None = None,
         hidden_dims: Sequence[int] = (256, 256, 256),
         critic_hidden_dims: Sequence[int] | None = None,
+        n_critics: int = 2,
         actor_lr: float = 1e-4,
         critic_lr: float = 3e-4,
         alpha_lr: float | None = None,
@@ -143,6 +144,7 @@ class CQL(OfflineAlgorithm):
         self.cql_clip_diff_max = cql_clip_diff_max
         self.hidden_dims = hidden_dims
         self.critic_hidden_dims = critic_hidden_dims
+        self.n_critics = n_critics
         self.actor_lr = actor_lr
         self.critic_lr = critic_lr
         self.alpha_lr = alpha_lr
@@ -175,7 +177,7 @@ class CQL(OfflineAlgorithm):
         obs_dim, act_dim, hidden = spec["observation_dim"], spec["action_dim"], tuple(self.hidden_dims)
         self.policy_ = TanhGaussianPolicy(obs_dim, act_dim, hidden, spec["action_low"], spec["action_high"]).to(device)
         critic_hidden = hidden if self.critic_hidden_dims is None else tuple(self.critic_hidden_dims)
-        self.critic_ = QEnsemble(obs_dim, act_dim, n_critics=2, hidden_dims=critic_hidden).to(device)
+        self.critic_ = QEnsemble(obs_dim, act_dim, n_critics=self.n_critics, hidden_dims=critic_hidden).to(device)
         self.critic_target_ = copy.deepcopy(self.critic_).requires_grad_(False)
         # temperature_() is SAC's entropy temperature alpha, alpha_prime_() the Lagrange multiplier alpha';
         # each keeps the log of its value as the parameter (`.log_value`).
@@ -217,7 +219,7 @@ class CQL(OfflineAlgorithm):
                 policy_loss = sac_actor_loss(log_pi, policy.log_prob(obs, actions), alpha.detach())
             else:
                 detached = {k: v.detach() for k, v in zip(self._critic_param_names, self.critic_.parameters())}
-                q_new = functional_call(self.critic_, detached, (obs, new_actions)).min(0).values
+                q_new = self._actor_q(functional_call(self.critic_, detached, (obs, new_actions)))
                 policy_loss = sac_actor_loss(log_pi, q_new, alpha.detach())
 
             with torch.no_grad():
@@ -225,43 +227,24 @@ class CQL(OfflineAlgorithm):
                 # TD target
                 if self.max_target_backup:
                     next_a, next_logp = policy.sample_from_params(mean_d[batch:], log_std_d[batch:], n)
-                    q_next = self.critic_target_(next_obs.expand(n, -1, -1), next_a).min(0).values  # (n, batch)
+                    q_next = self._target_min(self.critic_target_, next_obs.expand(n, -1, -1), next_a)  # (n, batch)
                     target_q, best = q_next.max(0)
                     next_logp = next_logp.gather(0, best[None])[0]
                 else:
                     next_a, next_logp = policy.sample_from_params(mean_d[batch:], log_std_d[batch:], 1)
-                    target_q = self.critic_target_(next_obs, next_a[0]).min(0).values
+                    target_q = self._target_min(self.critic_target_, next_obs, next_a[0])
                     next_logp = next_logp[0]
                 if self.backup_entropy:
                     target_q = target_q - alpha * next_logp
                 td_target = rewards + self.gamma * (1.0 - terminals) * target_q
-                # 10 uniform, 10 pi(s), 10 pi(s') actions per state (all evaluated at s)
-                both, both_logp = policy.sample_from_params(mean_d, log_std_d, n)  # (n, 2 batch, A)
-                low = policy.action_bias - policy.action_scale
-                uniform = low + 2.0 * policy.action_scale * torch.rand((n, batch, actions.shape[-1]), device=obs.device)
-                sampled = torch.cat([actions[None], uniform, both[:, :batch], both[:, batch:]])  # (1 + 3n, batch, A)
-
-            # Critics on the data action and the 3n sampled actions: one ensemble call.
-            q_all = self.critic_(obs.expand(1 + 3 * n, -1, -1), sampled)  # (n_critics, 1 + 3n, batch)
-            q_data = q_all[:, 0]
-            td_loss = critic_td_loss(q_data, td_target)
-            q_rand = q_all[:, 1:1 + n]
-            q_pi = self._penalized_policy_q(q_all[:, 1 + n:], extras)  # pi(s) then pi(s') actions
-            if self.importance_sampling:
-                q_sampled = torch.cat([q_rand - self.uniform_log_density_,
-                                       q_pi[:, :n] - both_logp[:, :batch], q_pi[:, n:] - both_logp[:, batch:]], dim=1)
-            else:  # the paper's CQL(H) without the correction also includes the data action
-                q_sampled = torch.cat([q_rand, q_data[:, None], q_pi], dim=1)
-            gap = cql_penalty(q_data, q_sampled, 0.0, self.cql_temperature,
-                              self.cql_clip_diff_min, self.cql_clip_diff_max)  # (n_critics,)
-            if self.lagrange:
-                alpha_prime = self.alpha_prime_().clamp(0.0, 1e6)
-                cql_loss = (alpha_prime.detach() * self.cql_alpha * (gap - self.target_action_gap)).sum()
-                alpha_prime_loss = -0.5 * (alpha_prime * self.cql_alpha * (gap.detach() - self.target_action_gap)).sum()
+            if not self._conservative:  # online without the penalty (WSRL, E2O): SAC's critic update, nothing sampled
+                q_data = self.critic_(obs, actions)
+                td_loss = critic_td_loss(q_data, td_target)
+                gap = torch.zeros(q_data.shape[0], device=obs.device)
+                alpha_prime = cql_loss = alpha_prime_loss = torch.zeros((), device=obs.device)
             else:
-                alpha_prime = torch.zeros((), device=obs.device)
-                cql_loss = self.cql_alpha * gap.sum()
-                alpha_prime_loss = torch.zeros((), device=obs.device)
+                td_loss, gap, cql_loss, alpha_prime, alpha_prime_loss, q_data = self._penalized_critic_loss(
+                    obs, actions, td_target, mean.detach(), log_std.detach(), extras)
             critic_loss = td_loss + cql_loss
         total = critic_loss + policy_loss + alpha_loss + alpha_prime_loss
         metrics = {"critic_loss": critic_loss.detach(), "td_loss": td_loss.detach(), "cql_gap": gap.mean().detach(),
@@ -269,6 +252,37 @@ class CQL(OfflineAlgorithm):
         if self.lagrange:
             metrics["alpha_prime"] = alpha_prime.detach()
         return total, metrics
+
+    def _penalized_critic_loss(self, obs, actions, td_target, mean_d, log_std_d, extras):
+        """TD loss plus the conservative penalty on 10 uniform, 10 pi(s) and 10 pi(s') actions (all at s)."""
+        policy, n, batch = self.policy_, self.n_action_samples, obs.shape[0]
+        with torch.no_grad():
+            both, both_logp = policy.sample_from_params(mean_d, log_std_d, n)  # (n, 2 batch, A)
+            low = policy.action_bias - policy.action_scale
+            uniform = low + 2.0 * policy.action_scale * torch.rand((n, batch, actions.shape[-1]), device=obs.device)
+            sampled = torch.cat([actions[None], uniform, both[:, :batch], both[:, batch:]])  # (1 + 3n, batch, A)
+        # Critics on the data action and the 3n sampled actions: one ensemble call.
+        q_all = self.critic_(obs.expand(1 + 3 * n, -1, -1), sampled)  # (n_critics, 1 + 3n, batch)
+        q_data = q_all[:, 0]
+        td_loss = critic_td_loss(q_data, td_target)
+        q_rand = q_all[:, 1:1 + n]
+        q_pi = self._penalized_policy_q(q_all[:, 1 + n:], extras)  # pi(s) then pi(s') actions
+        if self.importance_sampling:
+            q_sampled = torch.cat([q_rand - self.uniform_log_density_,
+                                   q_pi[:, :n] - both_logp[:, :batch], q_pi[:, n:] - both_logp[:, batch:]], dim=1)
+        else:  # the paper's CQL(H) without the correction also includes the data action
+            q_sampled = torch.cat([q_rand, q_data[:, None], q_pi], dim=1)
+        gap = cql_penalty(q_data, q_sampled, 0.0, self.cql_temperature,
+                          self.cql_clip_diff_min, self.cql_clip_diff_max)  # (n_critics,)
+        if self.lagrange:
+            alpha_prime = self.alpha_prime_().clamp(0.0, 1e6)
+            cql_loss = (alpha_prime.detach() * self.cql_alpha * (gap - self.target_action_gap)).sum()
+            alpha_prime_loss = -0.5 * (alpha_prime * self.cql_alpha * (gap.detach() - self.target_action_gap)).sum()
+        else:
+            alpha_prime = torch.zeros((), device=obs.device)
+            cql_loss = self.cql_alpha * gap.sum()
+            alpha_prime_loss = torch.zeros((), device=obs.device)
+        return td_loss, gap, cql_loss, alpha_prime, alpha_prime_loss, q_data
 
     # ------------------------------------------------------------------ one step
     def _update(self, batch: Batch, step: int) -> dict[str, torch.Tensor]:

@@ -77,6 +77,7 @@ class FDVL(IQL):
         huber_delta: float = 20.0,
         value_layer_norm: bool = True,
         hidden_dims: Sequence[int] = (256, 256),
+        n_critics: int = 2,
         actor_lr: float = 3e-4,
         critic_lr: float = 3e-4,
         value_lr: float = 3e-4,
@@ -107,6 +108,7 @@ class FDVL(IQL):
         self.huber_delta = huber_delta
         self.value_layer_norm = value_layer_norm
         self.hidden_dims = hidden_dims
+        self.n_critics = n_critics
         self.actor_lr = actor_lr
         self.critic_lr = critic_lr
         self.value_lr = value_lr
@@ -160,6 +162,7 @@ class XQL(FDVL):
         huber_delta: float = 20.0,
         value_layer_norm: bool = True,
         hidden_dims: Sequence[int] = (256, 256),
+        n_critics: int = 2,
         actor_lr: float = 3e-4,
         critic_lr: float = 3e-4,
         value_lr: float = 3e-4,
@@ -188,6 +191,7 @@ class XQL(FDVL):
         self.huber_delta = huber_delta
         self.value_layer_norm = value_layer_norm
         self.hidden_dims = hidden_dims
+        self.n_critics = n_critics
         self.actor_lr = actor_lr
         self.critic_lr = critic_lr
         self.value_lr = value_lr
@@ -249,6 +253,7 @@ class ReCOIL(IQL):
         temperature: float = 3.0,
         value_layer_norm: bool = False,
         hidden_dims: Sequence[int] = (256, 256),
+        n_critics: int = 2,
         actor_lr: float = 3e-4,
         critic_lr: float = 3e-4,
         value_lr: float = 3e-4,
@@ -275,6 +280,7 @@ class ReCOIL(IQL):
         self.temperature = temperature
         self.value_layer_norm = value_layer_norm
         self.hidden_dims = hidden_dims
+        self.n_critics = n_critics
         self.actor_lr = actor_lr
         self.critic_lr = critic_lr
         self.value_lr = value_lr

@@ -59,6 +59,7 @@ class IQL(GuidedMixin, OfflineAlgorithm):
         expectile: float = 0.7,
         temperature: float = 3.0,
         hidden_dims: Sequence[int] = (256, 256),
+        n_critics: int = 2,
         actor_lr: float = 3e-4,
         critic_lr: float = 3e-4,
         value_lr: float = 3e-4,
@@ -83,6 +84,7 @@ class IQL(GuidedMixin, OfflineAlgorithm):
         self.expectile = expectile
         self.temperature = temperature
         self.hidden_dims = hidden_dims
+        self.n_critics = n_critics
         self.actor_lr = actor_lr
         self.critic_lr = critic_lr
         self.value_lr = value_lr
@@ -123,7 +125,7 @@ class IQL(GuidedMixin, OfflineAlgorithm):
         obs_dim, act_dim, hidden = spec["observation_dim"], spec["action_dim"], tuple(self.hidden_dims)
         self.policy_ = GaussianPolicy(obs_dim, act_dim, hidden, spec["action_low"], spec["action_high"],
                                       dropout=self.dropout).to(device)
-        self.critic_ = QEnsemble(obs_dim, act_dim, n_critics=2, hidden_dims=hidden).to(device)
+        self.critic_ = QEnsemble(obs_dim, act_dim, n_critics=self.n_critics, hidden_dims=hidden).to(device)
         self.critic_target_ = copy.deepcopy(self.critic_).requires_grad_(False)
         self.value_ = self._make_value_network(obs_dim, hidden).to(device)
         self.actor_optimizer_ = make_adam(self.policy_.parameters(), self.actor_lr, device)
@@ -143,7 +145,7 @@ class IQL(GuidedMixin, OfflineAlgorithm):
     def _value_loss_eager(self, obs, actions):
         with self._autocast():
             with torch.no_grad():
-                target_q = self.critic_target_(obs, actions).min(0).values
+                target_q = self._target_min(self.critic_target_, obs, actions)
             v = self.value_(obs)
             return self._value_objective(target_q - v), target_q
 

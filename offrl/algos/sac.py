@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from offrl.algos.base import BaseEstimator, _seed_from, make_adam
-from offrl.algos.params import integer, real
+from offrl.algos.params import boolean, integer, real
 from offrl.algos.losses import LearnedScale, critic_td_loss, sac_actor_loss, temperature_loss
 from offrl.datasets.core import Batch
 from offrl.nn import QEnsemble, TanhGaussianPolicy, soft_update_
@@ -50,6 +50,9 @@ class SAC(BaseEstimator):
     lr : Adam learning rate of the policy, critics and temperature
         (`actor_lr`, `critic_lr`, `alpha_lr` override it one by one).
     batch_size, gamma, tau : the usual; tau is the Polyak rate of the target critics.
+    n_critics, critic_layer_norm : the critic ensemble's size and LayerNorm
+        (a fine-tuning strategy that builds its own critics, RLPD's 10 with
+        LayerNorm, overrides both for its run).
     init_alpha : initial entropy temperature.
     target_entropy : entropy target of automatic tuning; None means -action_dim.
     learning_starts : environment steps taken with uniformly random actions
@@ -69,13 +72,15 @@ class SAC(BaseEstimator):
         "actor_lr": real(0, None, closed="neither", none=True), "critic_lr": real(0, None, closed="neither", none=True),
         "alpha_lr": real(0, None, closed="neither", none=True), "init_alpha": real(0, None, closed="neither"),
         "target_entropy": real(none=True), "learning_starts": integer(0), "utd_ratio": integer(1),
-        "buffer_size": integer(1),
+        "buffer_size": integer(1), "critic_layer_norm": boolean(),
     }
 
     def __init__(
         self,
         *,
         hidden_dims: Sequence[int] = (256, 256),
+        n_critics: int = 2,
+        critic_layer_norm: bool = False,
         lr: float = 3e-4,
         actor_lr: float | None = None,
         critic_lr: float | None = None,
@@ -95,6 +100,8 @@ class SAC(BaseEstimator):
         random_state: Any = None,
     ) -> None:
         self.hidden_dims = hidden_dims
+        self.n_critics = n_critics
+        self.critic_layer_norm = critic_layer_norm
         self.lr = lr
         self.actor_lr = actor_lr
         self.critic_lr = critic_lr
@@ -121,7 +128,9 @@ class SAC(BaseEstimator):
         obs_dim, act_dim = spec["observation_dim"], spec["action_dim"]
         hidden = tuple(self.hidden_dims)
         self.policy_ = TanhGaussianPolicy(obs_dim, act_dim, hidden, spec["action_low"], spec["action_high"]).to(device)
-        self.critic_ = QEnsemble(obs_dim, act_dim, n_critics=2, hidden_dims=hidden).to(device)
+        # A strategy that builds its own critics (RLPD) records them in the spec, so a checkpoint rebuilds the same.
+        self.critic_ = QEnsemble(obs_dim, act_dim, n_critics=int(spec.get("n_critics", self.n_critics)), hidden_dims=hidden,
+                                 layer_norm=bool(spec.get("critic_layer_norm", self.critic_layer_norm))).to(device)
         self.critic_target_ = copy.deepcopy(self.critic_).requires_grad_(False)
         self.temperature_ = LearnedScale(self.init_alpha).to(device)  # log alpha, called: alpha
         self.actor_optimizer_ = make_adam(self.policy_.parameters(), self.actor_lr or self.lr, device, kernel=_adam_kernel(device))
@@ -228,7 +237,7 @@ class SAC(BaseEstimator):
         alpha = self.temperature_.log_value.detach().exp()
         with torch.no_grad(), self._autocast():
             next_actions, next_log_prob = self.policy_(next_obs)
-            q_next = self.critic_target_(next_obs, next_actions).min(0).values - alpha * next_log_prob
+            q_next = self._target_min(self.critic_target_, next_obs, next_actions) - alpha * next_log_prob
             target = batch.rewards + self.gamma * (1.0 - batch.terminals) * q_next
         with self._autocast():
             q = self.critic_(obs, actions)
@@ -241,7 +250,7 @@ class SAC(BaseEstimator):
             p.requires_grad_(False)
         with self._autocast():
             new_actions, log_prob = self.policy_(obs)
-            q_new = self.critic_(obs, new_actions).min(0).values
+            q_new = self._actor_q(self.critic_(obs, new_actions))
         actor_loss = sac_actor_loss(log_prob.float(), q_new.float(), alpha)
         self.actor_optimizer_.zero_grad(set_to_none=True)
         actor_loss.backward()
@@ -278,6 +287,8 @@ class SAC(BaseEstimator):
         env: Any,
         n_steps: int | None = None,
         *,
+        strategy: Any = None,
+        offline_dataset: Any = None,
         n_envs: int = 1,
         eval_env: Any = None,
         eval_every: int | None = None,
@@ -307,8 +318,16 @@ class SAC(BaseEstimator):
         buffer, generators) is written atomically at the first episode end
         after every `checkpoint_every` steps and at the end; `resume=True`
         continues from it to the same result as an uninterrupted run.
+
+        `strategy` (default: SAC's own, `learning_starts` uniform warm-up
+        steps, `utd_ratio`, no offline data) takes a recipe of
+        `offrl.online.strategies` instead, e.g. "rlpd" with
+        `offline_dataset=` (RLPD from scratch: half of each batch offline, 10
+        LayerNorm critics built for the run).
         """
-        from offrl.online.loop import OnlineNames, OnlineStrategy, make_envs, run_online
+        from offrl.datasets import load as load_dataset
+        from offrl.online.loop import OnlineNames, make_envs, run_online
+        from offrl.online.strategies import OnlineStrategy, resolve_strategy
 
         self.check_params()
         envs = make_envs(env, n_envs)
@@ -319,15 +338,25 @@ class SAC(BaseEstimator):
         if checkpoint_path is None and log_dir is not None:
             checkpoint_path = Path(log_dir) / "checkpoint.pt"
 
-        def start_fresh() -> None:
-            self._build_all(spec)
+        if strategy is None:
+            strategy = OnlineStrategy(warmup_steps=int(self.learning_starts), warmup_actions="uniform",
+                                      utd_ratio=int(self.utd_ratio), keep_offline_data=False)
+        else:
+            strategy = resolve_strategy(strategy)
+        if isinstance(offline_dataset, (str, os.PathLike)):
+            offline_dataset = load_dataset(offline_dataset)
 
-        strategy = OnlineStrategy(warmup_steps=int(self.learning_starts), warmup_actions="uniform",
-                                  utd_ratio=int(self.utd_ratio), keep_offline_data=False)
+        def start_fresh() -> None:
+            run_spec = dict(spec)
+            if strategy.n_critics is not None:  # the strategy's critics (RLPD: 10 with LayerNorm)
+                run_spec["n_critics"] = int(strategy.n_critics)
+                run_spec["critic_layer_norm"] = bool(strategy.critic_layer_norm)
+            self._build_all(run_spec)
         try:
             return run_online(
                 self, envs, n_steps, strategy=strategy, names=OnlineNames(), start_fresh=start_fresh,
-                batch_size=int(self.batch_size), buffer_size=int(self.buffer_size), eval_env=eval_env,
+                batch_size=int(self.batch_size), buffer_size=int(self.buffer_size), offline_dataset=offline_dataset,
+                eval_env=eval_env,
                 eval_every=eval_every, eval_episodes=eval_episodes, callbacks=callbacks, log_every=int(self.log_every),
                 log_dir=log_dir, checkpoint_path=checkpoint_path, checkpoint_every=checkpoint_every, resume=resume,
                 progress=progress, seed=_seed_from(self.random_state), desc="SAC")

@@ -51,6 +51,7 @@ class TD3PlusBC(GuidedMixin, OfflineAlgorithm):
         *,
         alpha: float = 2.5,
         hidden_dims: Sequence[int] = (256, 256),
+        n_critics: int = 2,
         actor_lr: float = 3e-4,
         critic_lr: float = 3e-4,
         batch_size: int = 256,
@@ -73,6 +74,7 @@ class TD3PlusBC(GuidedMixin, OfflineAlgorithm):
     ) -> None:
         self.alpha = alpha
         self.hidden_dims = hidden_dims
+        self.n_critics = n_critics
         self.actor_lr = actor_lr
         self.critic_lr = critic_lr
         self.batch_size = batch_size
@@ -98,7 +100,7 @@ class TD3PlusBC(GuidedMixin, OfflineAlgorithm):
         obs_dim, act_dim, hidden = spec["observation_dim"], spec["action_dim"], tuple(self.hidden_dims)
         self.policy_ = DeterministicPolicy(obs_dim, act_dim, hidden, spec["action_low"], spec["action_high"]).to(device)
         self.policy_target_ = copy.deepcopy(self.policy_).requires_grad_(False)
-        self.critic_ = QEnsemble(obs_dim, act_dim, n_critics=2, hidden_dims=hidden).to(device)
+        self.critic_ = QEnsemble(obs_dim, act_dim, n_critics=self.n_critics, hidden_dims=hidden).to(device)
         self.critic_target_ = copy.deepcopy(self.critic_).requires_grad_(False)
         self.actor_optimizer_ = make_adam(self.policy_.parameters(), self.actor_lr, device)
         self.critic_optimizer_ = make_adam(self.critic_.parameters(), self.critic_lr, device)
@@ -123,7 +125,7 @@ class TD3PlusBC(GuidedMixin, OfflineAlgorithm):
                 noise = (torch.randn_like(actions) * self.policy_noise).clamp(-self.noise_clip, self.noise_clip)
                 next_actions = (policy(next_obs)[0] + noise * policy.action_scale).clamp(
                     policy.action_bias - policy.action_scale, policy.action_bias + policy.action_scale)
-                target_q = self.critic_target_(next_obs, next_actions).min(0).values
+                target_q = self._target_min(self.critic_target_, next_obs, next_actions)
                 target = rewards + self.gamma * (1.0 - terminals) * target_q
             q = self.critic_(obs, actions)
             loss = critic_td_loss(q, target)
@@ -134,6 +136,8 @@ class TD3PlusBC(GuidedMixin, OfflineAlgorithm):
         with self._autocast():
             pi = policy(obs)[0]
             q = self.critic_(obs, pi, members=slice(0, 1))[0]
+            if not self._conservative:  # online without the behaviour-cloning term: TD3's actor
+                return -q.mean(), torch.zeros((), device=q.device)
             return td3_bc_actor_loss(q, policy.to_unit(pi), policy.to_unit(actions), self.alpha, weights)
 
     def _guided_weights(self, obs, actions, step):

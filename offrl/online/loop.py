@@ -2,10 +2,13 @@
 
 `SAC.fit_online` (learning from scratch) and `OfflineAlgorithm.fit_online`
 (fine-tuning a fitted offline algorithm) both run `run_online`.  What differs
-between them, and between fine-tuning recipes, is an `OnlineStrategy`: the
-warm-up (how many steps, with uniform or policy actions), the update-to-data
-ratio, what the replay buffer starts with, and how a batch is drawn.  A new
-strategy overrides one of its small methods; the loop stays one.
+between them, and between fine-tuning recipes, is an `OnlineStrategy`
+(`offrl.online.strategies`): the warm-up (how many steps, with uniform or
+policy actions), the update-to-data ratio, what the replay buffer starts
+with and how a batch is drawn, the critics the update uses, who acts (a
+guide for the first steps of an episode, an optimistic choice among
+samples).  A new strategy overrides one of its small methods; the loop
+stays one.
 
 The loop talks to the agent through three methods, so it needs nothing from
 `offrl.algos`:
@@ -33,14 +36,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 import torch
 
-from offrl.datasets.core import Batch, Dataset
+from offrl.datasets.core import Dataset
 from offrl.monitor import TrainingMonitor, read_checkpoint, write_checkpoint
 from offrl.online.replay import ReplayBuffer
+from offrl.online.strategies import OnlineStrategy
 
 __all__ = ["OnlineStrategy", "run_online", "episode_seed", "make_envs", "OnlineNames"]
 
@@ -50,75 +54,6 @@ TRAIN_STREAM = 1  # the seed stream of training episode resets (evaluation uses 
 def episode_seed(seed: int, stream: int, *index: int) -> int:
     """A seed for episode `index` of stream `stream` (e.g. an env reset), independent across streams and indices."""
     return int(np.random.SeedSequence([int(seed) % 2**63, int(stream), *map(int, index)]).generate_state(1)[0])
-
-
-class OnlineStrategy:
-    """How an agent learns online: the default is plain continued training ("naive").
-
-    Parameters
-    ----------
-    warmup_steps : environment steps taken before the first update.
-    warmup_actions : "uniform" (uniformly random actions during warm-up,
-        SAC from scratch) or "policy" (the agent's own exploration actions).
-    utd_ratio : gradient updates per environment step.
-    keep_offline_data : when `fit_online` gets an `offline_dataset`, the
-        replay buffer starts with it (CORL's offline-to-online recipe);
-        False starts empty (WSRL keeps no offline data).
-
-    Override `initial_buffer`, `sample` or `act` for other recipes (a
-    mixture of offline and online batches, a guide policy for the first
-    steps of each episode), and `state_dict` / `load_state_dict` for state
-    that must survive a checkpoint.
-    """
-
-    name = "naive"
-
-    def __init__(self, warmup_steps: int = 0, warmup_actions: str = "policy", utd_ratio: int = 1,
-                 keep_offline_data: bool = True) -> None:
-        if warmup_actions not in ("uniform", "policy"):
-            raise ValueError(f"warmup_actions must be 'uniform' or 'policy', got {warmup_actions!r}")
-        if int(utd_ratio) < 1:
-            raise ValueError(f"utd_ratio must be at least 1, got {utd_ratio}")
-        if int(warmup_steps) < 0:
-            raise ValueError(f"warmup_steps must be non-negative, got {warmup_steps}")
-        self.warmup_steps = int(warmup_steps)
-        self.warmup_actions = warmup_actions
-        self.utd_ratio = int(utd_ratio)
-        self.keep_offline_data = bool(keep_offline_data)
-
-    def initial_buffer(self, agent: Any, capacity: int, offline_dataset: Dataset | None, extra_columns: Sequence[str]
-                       ) -> ReplayBuffer:
-        """The replay buffer the run starts with."""
-        spec = agent.spec_
-        if offline_dataset is not None and self.keep_offline_data:
-            extras = agent._online_extras(offline_dataset) if extra_columns else {}
-            buffer = ReplayBuffer(capacity + offline_dataset.n_transitions, spec["observation_dim"], spec["action_dim"],
-                                  agent.device_, extra_columns=tuple(extra_columns))
-            log_probs = offline_dataset.behavior_log_probs if offline_dataset.behavior_log_probs is not None else 0.0
-            buffer.add(offline_dataset.observations, offline_dataset.actions, offline_dataset.rewards,
-                       offline_dataset.next_observations, offline_dataset.terminals, offline_dataset.timeouts,
-                       log_probs, extras=extras)
-            return buffer
-        return ReplayBuffer(capacity, spec["observation_dim"], spec["action_dim"], agent.device_,
-                            extra_columns=tuple(extra_columns))
-
-    def act(self, agent: Any, observations: np.ndarray, step: int, generator: torch.Generator,
-            uniform: Callable[[int], tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Actions and their log-probabilities for raw observations (k, obs_dim) at environment step `step`."""
-        if step < self.warmup_steps and self.warmup_actions == "uniform":
-            return uniform(len(observations))
-        obs = torch.as_tensor(np.asarray(observations, np.float32), device=agent.device_)
-        return agent._online_act(obs, generator)
-
-    def sample(self, buffer: ReplayBuffer, batch_size: int, generator: torch.Generator) -> Batch:
-        return buffer.sample(batch_size, generator)
-
-    def state_dict(self) -> dict[str, Any]:
-        """What a checkpoint must keep of the strategy (its parameters are rebuilt by the caller): none here."""
-        return {}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore `state_dict()`'s output; the naive strategy keeps no state to restore."""
 
 
 @dataclass(frozen=True)
@@ -159,7 +94,19 @@ def make_envs(env: Any, n_envs: int = 1) -> list[Any]:
     return envs
 
 
-def run_online(
+def run_online(agent: Any, envs: list[Any], n_steps: int, *, strategy: OnlineStrategy, **options: Any) -> Any:
+    """Run `agent` online for `n_steps` environment steps (see `_run_online`); returns `agent`.
+
+    Whatever happens, the agent gets its own update options back from the
+    strategy at the end (they hold only during the run).
+    """
+    try:
+        return _run_online(agent, envs, n_steps, strategy=strategy, **options)
+    finally:
+        strategy.teardown(agent)
+
+
+def _run_online(
     agent: Any,
     envs: list[Any],
     n_steps: int,
@@ -210,6 +157,7 @@ def run_online(
         setattr(agent, names.history, list(state["history"]))
         agent.replay_buffer_ = ReplayBuffer.from_state_dict(state["replay_buffer"], device)
         setattr(agent, names.returns, list(map(float, state["episode_returns"])))
+        strategy.setup(agent, envs, offline_dataset, extra_names, fresh=False, seed=int(seed))
         strategy.load_state_dict(state.get("strategy", {}))
         if getattr(agent, names.steps) >= n_steps:
             return agent  # the run had already finished
@@ -222,6 +170,7 @@ def run_online(
         torch.manual_seed(run_seed)
         generator.manual_seed(run_seed)
         start_fresh()
+        strategy.setup(agent, envs, offline_dataset, extra_names, fresh=True, seed=run_seed)
         setattr(agent, names.seed, run_seed)
         agent.replay_buffer_ = strategy.initial_buffer(agent, min(int(buffer_size), n_steps), offline_dataset, extra_names)
         for attr in (names.steps, names.episodes, names.updates):
@@ -247,24 +196,29 @@ def run_online(
     n_envs = len(envs)
     episode_return = np.zeros(n_envs)
     pending: list[list[tuple]] = [[] for _ in range(n_envs)]  # transitions held until episode end (agents with extras)
+    episode_steps = np.zeros(n_envs, np.int64)  # steps of each env's current episode (JSRL's guide counts them)
     observations = []
-    for env in envs:  # runs start and resume at an episode boundary, each reset seeded by the episode's index
+    for i, env in enumerate(envs):  # runs start and resume at an episode boundary, each reset seeded by its index
         obs, _ = env.reset(seed=episode_seed(run_seed, TRAIN_STREAM, getattr(agent, names.episodes) + len(observations)))
         observations.append(np.asarray(obs, np.float32))
+        if not resumed:  # a resumed strategy's state already holds what its start of episode decided
+            strategy.episode_start(i)
+    batch_size = int(strategy.batch_size or batch_size)
     next_episode = getattr(agent, names.episodes) + n_envs  # index of the next reset
     last_checkpoint = start
     metrics: dict[str, torch.Tensor] = {}
     monitor = TrainingMonitor(agent, n_steps, start=start, log_every=log_every, eval_env=eval_env, eval_every=eval_every,
                               eval_episodes=eval_episodes, callbacks=callbacks, callbacks_on="eval", log_dir=log_dir,
                               resume=resumed, progress=progress, desc=desc, checkpoint_path=checkpoint, history=history,
-                              row_extras=lambda: {"train_return": returns[-1]} if returns else {})
+                              row_extras=lambda: {**({"train_return": returns[-1]} if returns else {}),
+                                                  **strategy.log_values()})
     agent._set_training_mode(True)
     step = start
     try:
         while step < n_steps:
             k = min(n_envs, n_steps - step)
             obs_batch = np.stack(observations[:k])
-            actions_t, log_probs_t = strategy.act(agent, obs_batch, step, generator, uniform)
+            actions_t, log_probs_t = strategy.act(agent, obs_batch, step, generator, uniform, episode_steps[:k])
             actions = actions_t.detach().cpu().numpy()
             log_probs = log_probs_t.detach().float().cpu().numpy()
             all_at_boundary = True
@@ -277,21 +231,25 @@ def run_online(
                 else:
                     buffer.add(*row)
                 episode_return[i] += float(reward)
+                episode_steps[i] += 1
                 if terminated or truncated:
                     if extra_names:
                         _add_episode(agent, buffer, pending[i])
                         pending[i] = []
                     returns.append(float(episode_return[i]))
                     setattr(agent, names.episodes, getattr(agent, names.episodes) + 1)
+                    strategy.episode_end(i, float(episode_return[i]))
                     episode_return[i] = 0.0
+                    episode_steps[i] = 0
                     obs, _ = envs[i].reset(seed=episode_seed(run_seed, TRAIN_STREAM, next_episode))
                     next_episode += 1
                     observations[i] = np.asarray(obs, np.float32)
+                    strategy.episode_start(i)
                 else:
                     observations[i] = np.asarray(next_obs, np.float32)
                     all_at_boundary = False
             prev, step = step, step + k
-            if step > strategy.warmup_steps and len(buffer) > 0:
+            if step > strategy.warmup_steps and strategy.can_sample(buffer):
                 for _ in range(strategy.utd_ratio * k):
                     metrics = agent._online_update(strategy.sample(buffer, batch_size, generator))
                     setattr(agent, names.updates, getattr(agent, names.updates) + 1)
@@ -305,6 +263,7 @@ def run_online(
                 if checkpoint is None:
                     return
                 if step == n_steps or (at_boundary and checkpoint_every and step - last_checkpoint >= checkpoint_every):
+                    agent.online_strategy_ = strategy.describe()
                     write_checkpoint(checkpoint, agent, generator, step, key="online_checkpoint", history=history,
                                      extra={"at_episode_boundary": bool(at_boundary),
                                             "replay_buffer": buffer.state_dict(),
@@ -316,6 +275,7 @@ def run_online(
                 break
     finally:
         monitor.close()
+    agent.online_strategy_ = strategy.describe()
     agent.last_metrics_ = {key: float(v) for key, v in metrics.items()}
     return agent
 
