@@ -54,7 +54,7 @@ def results_frame(out_dir: str | os.PathLike) -> Any:
                       "error": error.read_text().strip().splitlines()[-1] if error.exists() else ""}
         else:
             continue
-        row = {k: v for k, v in result.items() if k not in ("history", "ope", "params", "hash")}
+        row = {k: v for k, v in result.items() if k not in ("history", "online_history", "ope", "params", "hash")}
         if not Path(str(row.get("dir", ""))).is_dir():  # written from another working directory: where it is now
             row["dir"] = str(run_dir)
         row["params"] = json.dumps(result.get("params", {}), sort_keys=True)
@@ -72,8 +72,22 @@ def results_frame(out_dir: str | os.PathLike) -> Any:
     for column in columns:
         if column not in frame:
             frame[column] = np.nan
+    # Runs that went online add their columns (empty for the others); a sweep without any keeps today's columns.
+    columns += [c for c in _ONLINE_COLUMNS if c in frame]
     ordered = columns + [c for c in frame.columns if c not in columns]
     return frame[ordered].sort_values(["dataset", "variant", "seed"]).reset_index(drop=True)
+
+
+# Result fields of a run that went online after its offline phase (offrl.sweep, `online:`).
+_ONLINE_COLUMNS = ["offline_score", "dip_score", "strategy", "online_steps", "offline_return", "dip_return",
+                   "switch_step"]
+
+
+def _online_variants(results: Any) -> set[str]:
+    """The variants whose runs went online (their rows carry online_steps)."""
+    if "online_steps" not in results:
+        return set()
+    return set(results.loc[results["online_steps"].notna(), "variant"])
 
 
 def _mean_std(values: np.ndarray) -> str:
@@ -93,18 +107,29 @@ def score_table(results: Any, value: str = "score") -> Any:
     if ok.empty:
         return pd.DataFrame()
     metric = "score" if ok[f"final_{value}"].notna().any() else "return"
+    online = _online_variants(ok)
     rows = []
     for (dataset, variant), group in ok.groupby(["dataset", "variant"], sort=True):
         final, best = group[f"final_{metric}"].to_numpy(float), group[f"best_{metric}"].to_numpy(float)
-        rows.append({"dataset": dataset, "algorithm": variant, "last": _mean_std(final), "best": _mean_std(best),
-                     "seeds": len(group)})
+        row = {"dataset": dataset, "algorithm": variant, "last": _mean_std(final), "best": _mean_std(best),
+               "seeds": len(group)}
+        if variant in online:  # offline then online: where the online phase started, and its dip
+            for part in ("offline", "dip"):
+                values = group[f"{part}_{metric}"].to_numpy(float)
+                row[part] = _mean_std(values) if np.isfinite(values).any() else ""
+        rows.append(row)
     table = pd.DataFrame(rows)
-    last = table.pivot(index="dataset", columns="algorithm", values="last")
-    best = table.pivot(index="dataset", columns="algorithm", values="best")
-    last.columns = [f"{c} (last)" for c in last.columns]
-    best.columns = [f"{c} (best)" for c in best.columns]
-    combined = pd.concat([last, best], axis=1)
-    order = [c for pair in zip(last.columns, best.columns) for c in pair]
+    parts = ["last", "best"] + (["offline", "dip"] if online else [])
+    pivots = {}
+    for part in parts:
+        pivot = table.pivot(index="dataset", columns="algorithm", values=part)
+        pivot.columns = [f"{c} ({part})" for c in pivot.columns]
+        pivots[part] = pivot
+    combined = pd.concat(pivots.values(), axis=1)
+    order = []
+    for variant in sorted(table["algorithm"].unique()):
+        names = ["offline", "last", "best", "dip"] if variant in online else ["last", "best"]
+        order += [f"{variant} ({part})" for part in names]
     return combined[order]
 
 
@@ -175,8 +200,24 @@ def _seeds_text(ok: Any) -> str:
 def _cell_stats(group: Any, metric: str) -> dict[str, Any]:
     final = group[f"final_{metric}"].to_numpy(float)
     best = group[f"best_{metric}"].to_numpy(float)
-    return {"mean": float(np.mean(final)), "std": float(np.std(final)), "best": float(np.mean(best)),
-            "best_std": float(np.std(best)), "seeds": len(group)}
+    stats = {"mean": float(np.mean(final)), "std": float(np.std(final)), "best": float(np.mean(best)),
+             "best_std": float(np.std(best)), "seeds": len(group)}
+    if "online_steps" in group and group["online_steps"].notna().any():  # offline then online
+        for part in ("offline", "dip"):
+            column = f"{part}_{metric}"
+            values = group[column].to_numpy(float) if column in group else np.full(len(group), np.nan)
+            values = values[np.isfinite(values)]
+            stats[part] = float(np.mean(values)) if len(values) else float("nan")
+            stats[f"{part}_std"] = float(np.std(values)) if len(values) else float("nan")
+    return stats
+
+
+def _online_text(c: dict[str, Any]) -> str:
+    """'offline → final' of a variant that went online ('final (from scratch)' without an offline phase)."""
+    final = _with_spread(c["mean"], c["std"], c["seeds"])
+    if not np.isfinite(c.get("offline", np.nan)):
+        return f"{final} (from scratch)"
+    return f"{_with_spread(c['offline'], c['offline_std'], c['seeds'])} → {final}"
 
 
 def _with_spread(mean: float, std: float, seeds: int) -> str:
@@ -236,6 +277,20 @@ def _summary(results: Any, iqm_frame: Any) -> list[str]:
                 text += f" Its lead over {ranked[1]} is larger than the seed-to-seed spread."
             else:
                 text += f" Its lead over {ranked[1]} is within the seed-to-seed spread: not a clear difference."
+        online = [v for v in sorted(stats) if "offline" in stats[v]]
+        if online:
+            parts = []
+            for v in online:
+                c = stats[v]
+                part = (f"{v} {_online_text(c)}" if np.isfinite(c["offline"]) else
+                        f"{v} from scratch {_with_spread(c['mean'], c['std'], c['seeds'])}")
+                if np.isfinite(c["dip"]):
+                    part += f" (dip {c['dip']:.1f})"
+                parts.append(part)
+            above = [v for v in online if np.isfinite(stats[v]["offline"]) and stats[v]["mean"] > stats[v]["offline"]]
+            with_offline = [v for v in online if np.isfinite(stats[v]["offline"])]
+            text += (f" Fine-tuned online (last offline → last online {label}): {'; '.join(parts)}."
+                     + (f" {len(above)} of {len(with_offline)} end above their offline policy." if with_offline else ""))
         lines.append(text)
     if len(datasets) > 8:
         lines.append(f"(Per-dataset sentences for the first 8 of {len(datasets)} datasets; the table has them all.)")
@@ -275,10 +330,13 @@ def _score_table_html(results: Any) -> str:
                 row.append("<span class='dim'>no run</span>")
                 continue
             c = stats[v]
-            last = _html.esc(_with_spread(c["mean"], c["std"], c["seeds"]))
+            last = _html.esc(_online_text(c) if "offline" in c else _with_spread(c["mean"], c["std"], c["seeds"]))
             if v == top and len(stats) > 1:
                 last = f"<b>{last}</b>"
             sub = f"best {_with_spread(c['best'], c['best_std'], c['seeds'])}"
+            if "dip" in c:
+                sub += (f", dip {_with_spread(c['dip'], c['dip_std'], c['seeds'])}" if np.isfinite(c["dip"])
+                        else ", dip not measured")
             if not uniform_seeds:
                 sub += f", {c['seeds']} seed{'s' if c['seeds'] != 1 else ''}"
             row.append(f"{last}<span class='sub'>{_html.esc(sub)}</span>")
@@ -287,7 +345,10 @@ def _score_table_html(results: Any) -> str:
     spread = ("mean ± std over " + seeds) if counts.max() > 1 else seeds + ", so no spread is shown"
     caption = (f"{label.capitalize()} of each algorithm's policy at the last evaluation ({spread}); under it, the "
                f"best evaluation during training. Bold: the highest per dataset."
-               + (" Data: the dataset's own episodes, scored the same way." if has_data else ""))
+               + (" Data: the dataset's own episodes, scored the same way." if has_data else "")
+               + (" Variants fine-tuned online show the last offline evaluation → the last online one, and under it "
+                  "the dip: the lowest evaluation in the first 10% of the online steps." if _online_variants(ok)
+                  else ""))
     return _html.table(header, rows, caption=_html.esc(caption), numeric=[False] + [True] * (len(header) - 1))
 
 
@@ -302,8 +363,30 @@ def _iqm_table_html(iqm_frame: Any) -> str:
                        numeric=[False, True, True, True])
 
 
+def _switches(group: Any) -> dict[int, list[str]]:
+    """Offline-to-online switch step -> the variants that switch there (runs without an offline phase have none)."""
+    if "switch_step" not in group:
+        return {}
+    switches: dict[int, list[str]] = {}
+    for variant, runs in group.groupby("variant", sort=True):
+        steps = runs["switch_step"].dropna()
+        if len(steps) and int(steps.iloc[0]) > 0:
+            switches.setdefault(int(steps.iloc[0]), []).append(str(variant))
+    return switches
+
+
+def _from_scratch(group: Any) -> list[str]:
+    """The variants that went online without an offline phase (switch at step 0: SAC)."""
+    if "switch_step" not in group:
+        return []
+    return sorted(str(v) for v, runs in group.groupby("variant") if (runs["switch_step"] == 0).any())
+
+
 def _learning_curves(out_dir: Path, results: Any) -> list[str]:
-    """One captioned figure per dataset: evaluation score against gradient steps, mean over seeds (± std band)."""
+    """One captioned figure per dataset: evaluation score against gradient steps, mean over seeds (± std band).
+
+    A variant fine-tuned online plots both phases on one axis (online steps after the offline ones), with a
+    dashed vertical line labelled "online" at the switch."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
@@ -339,6 +422,11 @@ def _learning_curves(out_dir: Path, results: Any) -> list[str]:
             if len(curves) > 1:
                 ax.fill_between(steps, mean - std, mean + std, alpha=0.18, color=f"C{i}")
             plotted = True
+        switches = _switches(group) if plotted else {}
+        for step in switches:
+            ax.axvline(step, color="0.25", ls="--", lw=1.2)
+            ax.annotate("online", xy=(step, 1.0), xycoords=("data", "axes fraction"), xytext=(3, -12),
+                        textcoords="offset points", fontsize=10, color="0.25")
         if plotted:
             label = "normalised score" if key and key.startswith("normalized") else "return"
             data_column = "dataset_score" if label == "normalised score" else "dataset_return"
@@ -346,13 +434,22 @@ def _learning_curves(out_dir: Path, results: Any) -> list[str]:
                 ax.axhline(float(group[data_column].dropna().iloc[0]), color="0.4", ls="--", lw=1.2,
                            label="the data's own episodes")
             ax.set_ylabel(label)
-            ax.set_xlabel("gradient steps")
+            ax.set_xlabel("offline gradient steps, then online environment steps" if "switch_step" in group
+                          and group["switch_step"].notna().any() else "gradient steps")
             ax.grid(alpha=0.3)
             ax.legend(fontsize=10, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
             band = ("; shaded: ± one standard deviation over seeds" if max(seeds_seen) > 1
                     else "; one seed each, so no band")
             caption = (f"Figure {number}. {label.capitalize()} of the evaluation episodes during training on "
                        f"{dataset}: the mean over seeds per algorithm{band}; dashed: the data's own episodes.")
+            if switches:
+                where = "; ".join(f"step {step:,} ({_html.join_words(names)})" for step, names in sorted(switches.items()))
+                caption += (f" Dashed vertical line marked online: the switch from offline training to online "
+                            f"fine-tuning, at {where}; the online phase's environment steps follow on the same axis.")
+            scratch = _from_scratch(group)
+            if scratch:
+                caption += (f" {_html.join_words(scratch)} learn{'s' if len(scratch) == 1 else ''} online from "
+                            "scratch, so {} curve starts at step 0.".format("its" if len(scratch) == 1 else "each"))
             figures.append(_html.figure(fig, f"learning curves on {dataset}", _html.esc(caption), dpi=100))
         else:
             plt.close(fig)

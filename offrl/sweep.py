@@ -26,6 +26,7 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -49,6 +50,10 @@ _BUILD_OPTIONS = {"seed", "n_transitions", "sac_steps", "eval_every", "eval_epis
                   "n_envs", "env_id", "expert"}
 # Hyper-parameters the sweep sets itself, and from what.
 _SWEEP_PARAMS = {"random_state": "seeds", "device": "device", "n_steps": "steps"}
+# What an algorithm's `online:` mapping may set (offline then online: `fit_online` after `fit`).
+_ONLINE_KEYS = {"steps", "strategy", "offline_data", "n_envs", "eval_every", "buffer_size"}
+# Learners with no offline phase: allowed only with `online:`, trained from scratch by their own `fit_online`.
+_ONLINE_LEARNERS = ("SAC",)
 
 
 class ConfigError(ValueError):
@@ -276,6 +281,16 @@ def parse_config(
     problem = env_problem(eval_cfg["env"])
     if problem:
         raise fail("eval.env", problem)
+    for label, algo in algorithms.items():
+        if "online" not in algo:
+            continue
+        for dataset in datasets:  # going online needs an env to act in: the run's evaluation env
+            env = eval_cfg["env"] if dataset["eval_env"] == "auto" else dataset["eval_env"]
+            if env is None:
+                where = (f"dataset {dataset['label']!r} sets eval_env: null" if dataset["eval_env"] is None
+                         else "eval.env is null")
+                raise fail(f"algorithms.{label}.online", f"{where}, so there is no environment to fine-tune in; "
+                                                         "give an evaluation env or drop online:")
 
     ope = raw.get("ope")
     if ope is not None:
@@ -453,6 +468,22 @@ def _algorithm_class(name: str) -> type:
     return cls
 
 
+def _learner_class(name: str) -> type:
+    """The class of a sweep entry's algorithm: an offline algorithm, or an online-only learner (SAC)."""
+    try:
+        return _algorithm_class(name)
+    except KeyError:
+        if name not in _ONLINE_LEARNERS:
+            raise
+        from offrl import algos
+
+        return getattr(algos, name)
+
+
+def _is_online_learner(name: str) -> bool:
+    return name in _ONLINE_LEARNERS
+
+
 def available_algorithms() -> list[str]:
     import offrl.algos as algos
 
@@ -485,12 +516,17 @@ def _parse_algorithms(value: Any, fail: Any, check_datasets: bool = True) -> dic
         params = dict(params)
         name = params.pop("algorithm", label)
         labelers = _parse_labelers(params.pop("labelers", None), f"{key}.labelers", fail, check_datasets)
+        has_online, online_raw = "online" in params, params.pop("online", None)
         if not isinstance(name, str):
             raise fail(f"{key}.algorithm", f"algorithm must be an algorithm name such as 'IQL', got {name!r}")
         try:
-            cls = _algorithm_class(name)
+            cls = _learner_class(name)
         except KeyError:
-            raise fail(key, f"unknown algorithm {name!r}; available: {available_algorithms()}") from None
+            raise fail(key, f"unknown algorithm {name!r}; available: {available_algorithms()} "
+                            f"(and, with an online: block, {', '.join(_ONLINE_LEARNERS)})") from None
+        if _is_online_learner(name) and not has_online:
+            raise fail(key, f"{name} learns online and needs an online: block (e.g. online: {{steps: 100000}}); "
+                            "it has no offline phase to run alone")
         template = cls()
         defaults = template.get_params()
         grid = {}
@@ -519,7 +555,101 @@ def _parse_algorithms(value: Any, fail: Any, check_datasets: bool = True) -> dic
         out[label] = {"algorithm": name, "grid": grid}
         if labelers:
             out[label]["labelers"] = labelers
+        if has_online:
+            if not (_is_online_learner(name) or template.has_critic):
+                raise fail(f"{key}.online", f"{name} has no critic to continue online; fine-tune an algorithm with a "
+                                            "policy and a critic (TD3PlusBC, IQL, CQL, CalQL)")
+            online = _parse_online(online_raw, f"{key}.online", fail, name)
+            points = list(itertools.product(*(grid[n] for n in names)))
+            for point in points:
+                problem = _online_problem(name, {**defaults, **dict(zip(names, point))}, online)
+                if problem:
+                    raise fail(f"{key}.online.strategy", problem if len(points) == 1 else
+                               f"the grid point {dict(zip(names, point))}: {problem}")
+            out[label]["online"] = online
     return out
+
+
+def _parse_online(value: Any, key: str, fail: Any, algorithm: str) -> dict[str, Any]:
+    """An algorithm's `online:` mapping, with its defaults filled in (it enters the run hash as resolved).
+
+    `strategy` is kept as written (a name or {name: params}), after `resolve_strategy` has accepted it; an
+    online-only learner without one keeps its own recipe (None).
+    """
+    from offrl.online.strategies import resolve_strategy
+
+    if not isinstance(value, dict):
+        raise fail(key, f"online must be a mapping with steps (required), strategy, offline_data, n_envs, "
+                        f"eval_every and buffer_size, got {value!r}")
+    unknown = set(value) - _ONLINE_KEYS
+    if unknown:
+        bad = sorted(map(str, unknown))[0]
+        raise fail(f"{key}.{bad}", f"unknown online key {bad!r}; allowed: {sorted(_ONLINE_KEYS)}")
+    if "steps" not in value:
+        raise fail(key, "online needs steps: the number of online environment steps")
+
+    def count(name: str, default: Any = None) -> int:
+        number = value.get(name, default)
+        if not _is_int(number) or number < 1:
+            raise fail(f"{key}.{name}", f"{name} must be an integer >= 1, got {number!r}")
+        return int(number)
+
+    steps = count("steps")
+    online: dict[str, Any] = {"steps": steps, "n_envs": count("n_envs", 1),
+                              "eval_every": count("eval_every", max(steps // 20, 1))}
+    if "buffer_size" in value:
+        online["buffer_size"] = count("buffer_size")
+    offline_data = value.get("offline_data", True)
+    if not isinstance(offline_data, bool):
+        raise fail(f"{key}.offline_data", f"offline_data must be true or false, got {offline_data!r}")
+    online["offline_data"] = offline_data
+    strategy = value.get("strategy", None if _is_online_learner(algorithm) else "naive")
+    if isinstance(strategy, dict) and len(strategy) == 1:
+        (name, params), = strategy.items()
+        strategy = {name: {} if params is None else params}
+    if strategy is not None:
+        try:
+            resolved = resolve_strategy(strategy)
+        except (ValueError, TypeError) as err:
+            raise fail(f"{key}.strategy", str(err)) from None
+        if isinstance(strategy, dict):
+            (name, params), = strategy.items()
+            strategy = {name: dict(params)}
+        if not offline_data and resolved.offline_fraction is not None:
+            raise fail(f"{key}.offline_data", f"the {resolved.name!r} strategy draws {resolved.offline_fraction:g} "
+                                              "of every batch from the offline data; set offline_data: true")
+    online["strategy"] = strategy
+    first_eval = -(-online["eval_every"] // online["n_envs"]) * online["n_envs"]
+    if min(first_eval, steps) > steps / 10:
+        warnings.warn(f"{key}.eval_every: the first online evaluation is at step {min(first_eval, steps)}, after the "
+                      f"first 10% of the {steps} online steps, so the dip (the lowest score there) cannot be "
+                      f"measured; use eval_every <= {steps // 10}", UserWarning, stacklevel=2)
+    return online
+
+
+def _online_problem(algorithm: str, params: Mapping[str, Any], online: Mapping[str, Any]) -> str | None:
+    """Why an algorithm with `params` cannot go online with `online`'s strategy (None when it can): what
+    `fit_online` would refuse after the offline phase, said before any run starts."""
+    from offrl.online.strategies import CalQLFineTuning, resolve_strategy
+
+    cls = _learner_class(algorithm)
+    if online.get("strategy") is None:
+        return None
+    strategy = resolve_strategy(online["strategy"])
+    if isinstance(strategy, CalQLFineTuning) and not issubclass(cls, _learner_class("CalQL")):
+        return (f"the 'calql' strategy fine-tunes a calibrated critic and needs a CalQL algorithm, not {algorithm}; "
+                "use another strategy ('naive', 'wsrl', 'rlpd', 'jsrl', 'e2o')")
+    if _is_online_learner(algorithm):  # it builds the critics the strategy asks for
+        return None
+    n = params.get("n_critics")
+    if strategy.n_critics is not None and n != strategy.n_critics:
+        return (f"the {strategy.name!r} strategy uses {strategy.n_critics} critics, but {algorithm} is trained with "
+                f"{'no critic ensemble' if n is None else n}; set n_critics: {strategy.n_critics} (the recipe "
+                "pre-trains its ensemble)")
+    if strategy.critic_subset is not None and (n is None or strategy.critic_subset > n):
+        return (f"the {strategy.name!r} strategy draws {strategy.critic_subset} critics per update, but {algorithm} "
+                f"has {'none' if n is None else n}")
+    return None
 
 
 def _labeler_classes() -> dict[str, type]:
@@ -653,10 +783,16 @@ def expand_runs(config: SweepConfig, out_dir: str | os.PathLike) -> list[dict[st
                 params = {**preset, **grid_point}  # explicit settings override the per-dataset preset
                 if preset:
                     try:
-                        _algorithm_class(algo["algorithm"])(**params).check_params()
+                        _learner_class(algo["algorithm"])(**params).check_params()
                     except (InvalidParameterError, TypeError, ValueError) as err:
                         raise ConfigError(config.source, None, f"algorithms.{label}",
                                           f"with the preset for {dataset['label']} ({preset}): {err}") from None
+                    if algo.get("online"):
+                        defaults = _learner_class(algo["algorithm"])().get_params()
+                        problem = _online_problem(algo["algorithm"], {**defaults, **params}, algo["online"])
+                        if problem:
+                            raise ConfigError(config.source, None, f"algorithms.{label}.online",
+                                              f"with the preset for {dataset['label']} ({preset}): {problem}")
                 # A grid's points are told apart by a hash of their settings; a single point keeps the plain label.
                 variant = label if len(points) == 1 else f"{label}-{_hash(grid_point)[:8]}"
                 for seed in config.seeds:
@@ -666,7 +802,8 @@ def expand_runs(config: SweepConfig, out_dir: str | os.PathLike) -> list[dict[st
                         "label": label,
                         "params": params,
                         "seed": seed,
-                        "steps": config.steps,
+                        # an online-only learner has no offline phase
+                        "steps": 0 if _is_online_learner(algo["algorithm"]) else config.steps,
                         "eval": config.eval,
                         "ope": config.ope,
                         "checkpoint_every": config.checkpoint_every,
@@ -675,6 +812,8 @@ def expand_runs(config: SweepConfig, out_dir: str | os.PathLike) -> list[dict[st
                     }
                     if algo.get("labelers"):  # only when present, so the hashes of runs without one never change
                         resolved["labelers"] = algo["labelers"]
+                    if algo.get("online"):  # likewise
+                        resolved["online"] = algo["online"]
                     config_hash = _hash(resolved)
                     run_dir = runs_root / dataset["label"] / variant / f"seed{seed}"
                     check_inside(run_dir, runs_root, f"the run directory of {dataset['label']}/{variant}/seed{seed}")
@@ -754,7 +893,7 @@ def _make_algorithm(run: Mapping[str, Any]) -> Any:
     """The run's estimator, with the sweep's `log_every` unless its params set one."""
     import inspect
 
-    cls = _algorithm_class(run["algorithm"])
+    cls = _learner_class(run["algorithm"])
     kwargs = {**run["params"], "random_state": run["seed"], "device": run["device"]}
     log_every = int(run.get("log_every", 100))
     if "log_every" in inspect.signature(cls.__init__).parameters:
@@ -796,6 +935,8 @@ def execute_run(run: Mapping[str, Any]) -> dict[str, Any]:
             "variant": run["variant"], "params": run["params"], "seed": run["seed"], "steps": run["steps"], "dir": str(run_dir)}
     if run.get("labelers"):
         base["labelers"] = run["labelers"]
+    if run.get("online"):
+        base.update({"strategy": _strategy_name(run), "online_steps": run["online"]["steps"]})
     try:
         with wait_for_lock(run_lock_path(run_dir), f"run {run_dir}", timeout=RUN_LOCK_TIMEOUT):
             return _execute_locked(run, run_dir, base)
@@ -812,38 +953,46 @@ def _execute_locked(run: Mapping[str, Any], run_dir: Path, base: dict[str, Any])
     torch.set_num_threads(int(run.get("threads", 1)))
     _write_json(run_dir / "config.json", {k: v for k, v in run.items() if k != "threads"})
     started = time.time()
+    online = run.get("online")
     try:
         dataset = _load_dataset(run["dataset"])
         raw_dataset = dataset
         labelers, dataset = _label_dataset(run, dataset)
         algo = _make_algorithm(run)
         env = _eval_env(run["dataset"], run["eval"], dataset)
-        algo.fit(
-            dataset,
-            n_steps=run["steps"],
-            eval_env=env,
-            eval_every=run["eval"]["every"],
-            eval_episodes=run["eval"]["episodes"],
-            log_dir=run_dir,
-            checkpoint_every=run.get("checkpoint_every") or run["eval"]["every"],
-            resume=True,
-            progress=False,
-        )
-        if labelers:  # the model file holds the whole pipeline, so a loaded model labels data the same way
-            from offrl.pipeline import Pipeline
-
-            Pipeline([*labelers, (run["algorithm"].lower(), algo)]).save(run_dir / "model.pt")
+        if online and env is None:
+            raise ValueError(f"the run goes online but dataset {run['dataset']['label']!r} names no environment "
+                             "(no env_id in its metadata, no eval_env); give the dataset an eval_env")
+        if not _is_online_learner(run["algorithm"]):
+            algo.fit(
+                dataset,
+                n_steps=run["steps"],
+                eval_env=env,
+                eval_every=run["eval"]["every"],
+                eval_episodes=run["eval"]["episodes"],
+                log_dir=run_dir,
+                checkpoint_every=run.get("checkpoint_every") or run["eval"]["every"],
+                resume=True,
+                progress=False,
+            )
+        offline_history = list(getattr(algo, "history_", []))
+        if online:
+            if not _is_online_learner(run["algorithm"]):
+                _save_model(algo, labelers, run, run_dir / "model_offline.pt")
+            online_history = _fit_online(algo, run, dataset, env, run_dir / "online")
+        _save_model(algo, labelers, run, run_dir / "model.pt")
+        result = {**base, "status": "ok"}
+        if online:
+            result.update(_online_result(run, offline_history, online_history))
         else:
-            algo.save(run_dir / "model.pt")
-        history = list(getattr(algo, "history_", []))
-        result = {**base, "status": "ok", "history": history}
-        if history:
-            final, best = history[-1], max(history, key=lambda r: r["return_mean"])
-            result.update({
-                "final_return": final["return_mean"], "final_return_std": final["return_std"],
-                "final_score": final["normalized_score_mean"], "best_return": best["return_mean"],
-                "best_score": best["normalized_score_mean"],
-            })
+            result["history"] = offline_history
+            if offline_history:
+                final, best = offline_history[-1], max(offline_history, key=lambda r: r["return_mean"])
+                result.update({
+                    "final_return": final["return_mean"], "final_return_std": final["return_std"],
+                    "final_score": final["normalized_score_mean"], "best_return": best["return_mean"],
+                    "best_score": best["normalized_score_mean"],
+                })
         try:
             from offrl.datasets import normalized_score
 
@@ -869,6 +1018,90 @@ def _execute_locked(run: Mapping[str, Any], run_dir: Path, base: dict[str, Any])
         return {**base, "status": "failed", "error": text.strip().splitlines()[-1]}
 
 
+def _save_model(algo: Any, labelers: list[tuple[str, Any]], run: Mapping[str, Any], path: Path) -> None:
+    if labelers:  # the model file holds the whole pipeline, so a loaded model labels data the same way
+        from offrl.pipeline import Pipeline
+
+        Pipeline([*labelers, (run["algorithm"].lower(), algo)]).save(path)
+    else:
+        algo.save(path)
+
+
+def _strategy_name(run: Mapping[str, Any]) -> str:
+    """The online recipe's name ('naive', 'rlpd', ...); an online learner's own recipe is its name ('sac')."""
+    strategy = run["online"].get("strategy")
+    if strategy is None:
+        return run["algorithm"].lower()
+    return strategy if isinstance(strategy, str) else next(iter(strategy))
+
+
+def _fit_online(algo: Any, run: Mapping[str, Any], dataset: Any, env: str, log_dir: Path) -> list[dict[str, Any]]:
+    """The online phase of a run: fine-tune the fitted `algo` (or train an online learner from scratch) in `env`,
+    checkpointing every evaluation so a re-executed run resumes it; returns its evaluation rows."""
+    online = run["online"]
+    options = {"n_envs": online["n_envs"], "eval_env": env, "eval_every": online["eval_every"],
+               "eval_episodes": run["eval"]["episodes"], "log_dir": log_dir, "checkpoint_every": online["eval_every"],
+               "resume": True, "progress": False}
+    offline_dataset = dataset if online["offline_data"] else None
+    if _is_online_learner(run["algorithm"]):
+        if "buffer_size" in online:
+            algo.set_params(buffer_size=online["buffer_size"])
+        algo.fit_online(env, online["steps"], strategy=online.get("strategy"), offline_dataset=offline_dataset,
+                        checkpoint_path=log_dir / "online_checkpoint.pt", **options)
+        done, history = algo.n_steps_done_, list(algo.history_)
+        _fill_normalized_scores(history, dataset)
+    else:
+        extra = {"buffer_size": online["buffer_size"]} if "buffer_size" in online else {}
+        algo.fit_online(env, online["steps"], strategy=online["strategy"], offline_dataset=offline_dataset,
+                        **extra, **options)
+        done, history = algo.online_steps_done_, list(algo.online_history_)
+    if done < online["steps"]:
+        raise RuntimeError(f"the online phase stopped at step {done} of {online['steps']}")
+    return history
+
+
+def _fill_normalized_scores(rows: list[dict[str, Any]], dataset: Any) -> None:
+    """Normalised scores for rows of a learner built from the env alone (SAC: no reference scores of its
+    own), from the dataset's reference scores, so its curve is in the same units as the fine-tuned ones."""
+    from offrl.datasets import reference_scores
+
+    try:
+        low, high = reference_scores(dataset)
+    except (ValueError, TypeError, KeyError):
+        return
+    for row in rows:
+        if not np.isfinite(row.get("normalized_score_mean", np.nan)):
+            row["normalized_score_mean"] = 100.0 * (row["return_mean"] - low) / (high - low)
+            row["normalized_score_std"] = 100.0 * row["return_std"] / abs(high - low)
+
+
+def _online_result(run: Mapping[str, Any], offline_history: list[dict[str, Any]],
+                   online_history: list[dict[str, Any]]) -> dict[str, Any]:
+    """The result fields of an offline-then-online run: the last online evaluation is the final one, the best
+    spans both phases, the dip is the lowest score in the first 10% of the online steps, and `history` is
+    both phases on one step axis (online steps counted after the offline ones)."""
+    nan = float("nan")
+    switch = int(run["steps"])
+    steps = int(run["online"]["steps"])
+    history = ([{**row, "phase": "offline"} for row in offline_history]
+               + [{**row, "step": row["step"] + switch, "phase": "online"} for row in online_history])
+    result: dict[str, Any] = {
+        "history": history, "online_history": online_history, "switch_step": switch, "online_steps": steps,
+        "strategy": _strategy_name(run),
+        "offline_score": offline_history[-1]["normalized_score_mean"] if offline_history else nan,
+        "offline_return": offline_history[-1]["return_mean"] if offline_history else nan,
+    }
+    early = [row for row in online_history if row["step"] <= 0.1 * steps]
+    result["dip_score"] = min((row["normalized_score_mean"] for row in early), default=nan)
+    result["dip_return"] = min((row["return_mean"] for row in early), default=nan)
+    if online_history:
+        final, best = online_history[-1], max(history, key=lambda r: r["return_mean"])
+        result.update({"final_return": final["return_mean"], "final_return_std": final["return_std"],
+                       "final_score": final["normalized_score_mean"], "best_return": best["return_mean"],
+                       "best_score": best["normalized_score_mean"]})
+    return result
+
+
 def _run_ope(algo: Any, dataset: Any, env: str, ope_cfg: Mapping[str, Any], seed: int) -> dict[str, Any]:
     """OPE estimates of this run's policy from its dataset, next to its true discounted value from roll-outs."""
     from offrl import ope
@@ -886,19 +1119,32 @@ def _run_ope(algo: Any, dataset: Any, env: str, ope_cfg: Mapping[str, Any], seed
 # ---------------------------------------------------------------------------- executors
 # Relative cost of one gradient update (matmul FLOPs at batch 256 with each algorithm's default networks,
 # from benchmarks/updates.py), used only to start the longest runs first.
-_UPDATE_COST = {"BC": 1.0, "TD3PlusBC": 4.0, "IQL": 5.5, "CQL": 100.0, "CalQL": 100.0, "DiffusionQL": 25.0,
+_UPDATE_COST = {"SAC": 5.5, "BC": 1.0, "TD3PlusBC": 4.0, "IQL": 5.5, "CQL": 100.0, "CalQL": 100.0, "DiffusionQL": 25.0,
                 "EDP": 15.0, "FQL": 60.0, "OFQL": 17.0, "XQL": 5.5, "FDVL": 5.5, "ReCOIL": 11.0,
                 "RvS": 9.0, "DecisionTransformer": 130.0, "MBRCSL": 20.0}
 
 
 def run_cost(run: Mapping[str, Any]) -> float:
-    """A rough relative cost of a run: algorithm cost per update x steps."""
-    return _UPDATE_COST.get(run["algorithm"], 5.0) * float(run["steps"])
+    """A rough relative cost of a run: algorithm cost per update x updates (offline steps, and online steps
+    times the recipe's updates per step)."""
+    updates = float(run["steps"])
+    online = run.get("online")
+    if online:
+        from offrl.online.strategies import resolve_strategy
+
+        strategy = online.get("strategy")
+        utd = resolve_strategy(strategy).utd_ratio if strategy is not None else run["params"].get("utd_ratio", 1)
+        updates += float(online["steps"]) * float(utd)
+    return _UPDATE_COST.get(run["algorithm"], 5.0) * updates
 
 
 def run_step(run_dir: str | os.PathLike) -> int:
-    """The last training step a run has logged (its train.csv), 0 when it has not logged yet."""
-    path = Path(run_dir) / "train.csv"
+    """The last training step a run has logged (its train.csv, plus online/train.csv's for a run that went
+    online), 0 when it has not logged yet."""
+    return _last_logged_step(Path(run_dir) / "train.csv") + _last_logged_step(Path(run_dir) / "online" / "train.csv")
+
+
+def _last_logged_step(path: Path) -> int:
     try:
         with open(path, "rb") as f:
             f.seek(max(0, path.stat().st_size - 4096))
@@ -996,7 +1242,8 @@ class _Progress:
         for run in self.running:
             step = run_step(run["dir"])
             if step:
-                steps.append(f"{run['variant']}/s{run['seed']} {step}/{run['steps']}")
+                total = run["steps"] + (run.get("online") or {}).get("steps", 0)
+                steps.append(f"{run['variant']}/s{run['seed']} {step}/{total}")
         postfix = {"done": self.done, "failed": self.failed, "running": len(self.running), "skipped": self.skipped}
         if steps:
             postfix["steps"] = ", ".join(steps[:4]) + (" ..." if len(steps) > 4 else "")

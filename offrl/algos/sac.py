@@ -341,6 +341,7 @@ class SAC(BaseEstimator):
         if strategy is None:
             strategy = OnlineStrategy(warmup_steps=int(self.learning_starts), warmup_actions="uniform",
                                       utd_ratio=int(self.utd_ratio), keep_offline_data=False)
+            strategy.name = "sac"  # SAC's own recipe: uniform warm-up, its own update ratio, no offline data
         else:
             strategy = resolve_strategy(strategy)
         if isinstance(offline_dataset, (str, os.PathLike)):

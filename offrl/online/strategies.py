@@ -486,6 +486,7 @@ def resolve_strategy(strategy: Any) -> OnlineStrategy:
         (name, params), = strategy.items()
         if name not in STRATEGIES:
             raise ValueError(f"strategy {name!r} is unknown; use one of {sorted(STRATEGIES)}")
+        params = {} if params is None else params  # YAML's `{wsrl: }`
         if not isinstance(params, Mapping):
             raise ValueError(f"strategy {name!r} takes a mapping of parameters, got {params!r}")
         try:
