@@ -86,6 +86,9 @@ UNKEYED_SAC_PARAMS = {
     "device": "where the run computes, not what (as before: a cache serves CPU and GPU builds alike)",
     "log_every": "how often losses are checked and logged; it does not change the run",
 }
+# SAC parameters added after datasets were built, each with the value that reproduces those builds: a stored build
+# configuration without one was made with that value, so it still matches (and is not rebuilt).
+SAC_PARAMS_SINCE = {"n_critics": 2, "critic_layer_norm": False}
 # SAC settings a build may not take from sac_params (the builder sets them).
 _BUILDER_SAC_PARAMS = ("n_steps", "random_state", "device")
 # How long a build waits for another process building the same SAC run (seconds; a full D4RL budget takes hours).
@@ -182,6 +185,7 @@ def _config_diff(stored: Mapping[str, Any], current: Mapping[str, Any]) -> list[
     for key in sorted(set(stored) | set(current)):
         old, new = stored.get(key, "<absent>"), current.get(key, "<absent>")
         if key == "sac_params" and isinstance(old, dict) and isinstance(new, dict):
+            old = {**SAC_PARAMS_SINCE, **old}
             diffs += [f"sac_params.{k} {old.get(k, '<absent>')!r} -> {new.get(k, '<absent>')!r}"
                       for k in sorted(set(old) | set(new)) if old.get(k, "<absent>") != new.get(k, "<absent>")]
         elif old != new:

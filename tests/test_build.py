@@ -383,6 +383,33 @@ def test_load_or_build_rebuilds_a_stale_cache_and_keeps_older_recipes(built, tmp
     assert [row["dataset_id"] for row in list_built(root) if row["dataset_id"].startswith(namespace)] == [expert_id]
 
 
+def test_a_build_from_before_a_new_sac_parameter_is_still_reused(built, tmp_path, monkeypatch):
+    """A SAC parameter added later (n_critics, critic_layer_norm) at the value that reproduces the old runs does not
+    make every cached build stale."""
+    import json
+    import shutil
+
+    import offrl.datasets.built as built_mod
+    from offrl.builder import SAC_PARAMS_SINCE
+
+    assert {k: SAC().get_params()[k] for k in SAC_PARAMS_SINCE} == SAC_PARAMS_SINCE
+    root = tmp_path / "copy"
+    shutil.copytree(built["dir"], root)
+    monkeypatch.setenv("OFFRL_DATA_DIR", str(root))
+    run_file = root / built["report"].run_dir[len(str(built["dir"])) + 1:] / "run.json"
+    files = [run_file] + [built_mod.dataset_path(root, built["report"].datasets[kind]["dataset_id"]) / "data" /
+                          "metadata.json" for kind in KINDS]
+    for path in files:  # written by an offrl whose SAC did not have these parameters yet
+        record = json.loads(path.read_text())
+        config = record["config"] if path == run_file else record["offrl_build"]["config"]
+        for key in SAC_PARAMS_SINCE:
+            del config["sac_params"][key]
+        path.write_text(json.dumps(record))
+    expert = load_or_build("pendulum-expert-v1", progress=False, **TINY)
+    np.testing.assert_array_equal(expert.actions, built["datasets"]["expert"].actions)
+    assert "n_critics" not in json.loads(run_file.read_text())["config"]["sac_params"]  # not rebuilt
+
+
 def test_interrupted_build_resumes_to_the_same_data(built, tmp_path, monkeypatch):
     monkeypatch.setenv("OFFRL_DATA_DIR", str(tmp_path))
     from offrl.algos.sac import SAC
