@@ -346,6 +346,10 @@ class SAC(BaseEstimator):
             strategy = resolve_strategy(strategy)
         if isinstance(offline_dataset, (str, os.PathLike)):
             offline_dataset = load_dataset(offline_dataset)
+        if offline_dataset is not None:  # its reference scores normalise the evaluations, as for the offline learners
+            for key in ("ref_min_score", "ref_max_score"):
+                if offline_dataset.metadata.get(key) is not None:
+                    spec[key] = offline_dataset.metadata[key]
 
         def start_fresh() -> None:
             run_spec = dict(spec)
