@@ -1,5 +1,6 @@
 """Print an offline-then-online sweep's curves as a text table: mean normalised score over seeds (± std) at the
-switch (the last offline evaluation) and at chosen online steps, plus the dip and how many seeds ended above
+switch (the last offline evaluation) and at chosen online steps, the dip (and how far it fell below the offline
+score), the mean over all online evaluations (the area under the online curve) and how many seeds ended above
 their offline policy.  For benchmarks/RESULTS.md; the sweep's report.html draws the same curves.
 
     python experiments/finetune_curves.py offrl-results/finetune_pendulum_cpu --steps 1000,2000,5000,10000,20000
@@ -31,7 +32,8 @@ def main() -> None:
         values = [v for v in values if v is not None and np.isfinite(v)]
         return f"{np.mean(values):.1f} ± {np.std(values):.1f}" if values else "-"
 
-    header = ["dataset", "variant", "seeds", "offline"] + [f"{s:,}" for s in steps] + ["dip", "above offline"]
+    header = (["dataset", "variant", "seeds", "offline"] + [f"{s:,}" for s in steps]
+              + ["dip", "offline - dip", "mean of all online evals", "above offline"])
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     for (dataset, variant), results in sorted(runs.items()):
@@ -43,8 +45,10 @@ def main() -> None:
         above = sum(1 for res in results if np.isfinite(res.get("offline_score", np.nan))
                     and res["final_score"] > res["offline_score"])
         scratch = not any(np.isfinite(v) for v in offline if v is not None)
+        drop = "-" if scratch else cell([res["offline_score"] - res["dip_score"] for res in results])
+        area = cell([float(np.mean([r["normalized_score_mean"] for r in res["online_history"]])) for res in results])
         print("| " + " | ".join([dataset, variant, str(len(results)), "(scratch)" if scratch else cell(offline),
-                                 *columns, cell([res.get("dip_score") for res in results]),
+                                 *columns, cell([res.get("dip_score") for res in results]), drop, area,
                                  "-" if scratch else f"{above}/{len(results)}"]) + " |")
 
 
