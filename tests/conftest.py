@@ -243,3 +243,29 @@ def run_cli(argv: list[str], capsys: pytest.CaptureFixture) -> tuple[int, str, s
         code = exit_.code
     captured = capsys.readouterr()
     return code, captured.out, captured.err
+
+
+def random_pendulum_npz(path: Path, n_episodes: int) -> Path:
+    """A small real Pendulum-v1 dataset (uniform-random actions, 200-step episodes, reference scores -1200 / -150)
+    written to `path` with Dataset.save: the sweep tests' data file."""
+    import gymnasium as gym
+
+    env = gym.make("Pendulum-v1")
+    env.action_space.seed(0)
+    episodes = []
+    for ep in range(n_episodes):
+        obs, _ = env.reset(seed=ep)
+        observations, actions, rewards = [obs], [], []
+        for _ in range(200):
+            action = env.action_space.sample()
+            obs, reward, _, _, _ = env.step(action)
+            observations.append(obs)
+            actions.append(action)
+            rewards.append(reward)
+        episodes.append({"observations": np.array(observations), "actions": np.array(actions),
+                         "rewards": np.array(rewards), "truncations": [False] * 199 + [True]})
+    ds = Dataset.from_episodes(episodes, action_low=-2.0, action_high=2.0,
+                               metadata={"name": "pendulum-random", "env_id": "Pendulum-v1",
+                                         "ref_min_score": -1200.0, "ref_max_score": -150.0})
+    ds.save(path)
+    return path

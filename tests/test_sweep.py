@@ -10,12 +10,12 @@ import sys
 import time
 from pathlib import Path
 
-import gymnasium as gym
 import numpy as np
 import pytest
 import yaml
 
 from offrl import Dataset
+from conftest import random_pendulum_npz
 from offrl.cli import main as cli_main
 from offrl.report import stratified_bootstrap_iqm, iqm
 from offrl.sweep import ConfigError, load_config, parse_config, run_sweep
@@ -25,27 +25,8 @@ COMPARE = ["dataset", "variant", "seed", "status", "final_return", "best_return"
 
 @pytest.fixture(scope="module")
 def pendulum_npz(tmp_path_factory) -> Path:
-    """A small real Pendulum-v1 dataset (uniform-random behaviour) saved with Dataset.save."""
-    env = gym.make("Pendulum-v1")
-    env.action_space.seed(0)
-    episodes = []
-    for ep in range(6):
-        obs, _ = env.reset(seed=ep)
-        observations, actions, rewards = [obs], [], []
-        for _ in range(200):
-            action = env.action_space.sample()
-            obs, reward, terminated, truncated, _ = env.step(action)
-            observations.append(obs)
-            actions.append(action)
-            rewards.append(reward)
-        episodes.append({"observations": np.array(observations), "actions": np.array(actions),
-                         "rewards": np.array(rewards), "truncations": [False] * 199 + [True]})
-    ds = Dataset.from_episodes(episodes, action_low=-2.0, action_high=2.0,
-                               metadata={"name": "pendulum-random", "env_id": "Pendulum-v1",
-                                         "ref_min_score": -1200.0, "ref_max_score": -150.0})
-    path = tmp_path_factory.mktemp("data") / "pendulum.npz"
-    ds.save(path)
-    return path
+    """A small real Pendulum-v1 dataset (uniform-random behaviour, 6 episodes) saved with Dataset.save."""
+    return random_pendulum_npz(tmp_path_factory.mktemp("data") / "pendulum.npz", n_episodes=6)
 
 
 def write_config(path: Path, datasets, steps=200, seeds=(0, 1), algorithms=None) -> Path:

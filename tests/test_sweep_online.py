@@ -7,14 +7,12 @@ import math
 import warnings
 from pathlib import Path
 
-import gymnasium as gym
-import numpy as np
 import pytest
 import torch
 import yaml
 
 import offrl
-from offrl import Dataset
+from conftest import random_pendulum_npz
 from offrl.algos import IQL
 from offrl.report import results_frame, write_report
 from offrl.sweep import ConfigError, expand_runs, load_config, parse_config, run_sweep
@@ -38,26 +36,7 @@ ALGORITHMS = {
 @pytest.fixture(scope="module")
 def pendulum_npz(tmp_path_factory) -> Path:
     """A small real Pendulum-v1 dataset (uniform-random behaviour, 4 episodes) saved with Dataset.save."""
-    env = gym.make("Pendulum-v1")
-    env.action_space.seed(0)
-    episodes = []
-    for ep in range(4):
-        obs, _ = env.reset(seed=ep)
-        observations, actions, rewards = [obs], [], []
-        for _ in range(200):
-            action = env.action_space.sample()
-            obs, reward, _, _, _ = env.step(action)
-            observations.append(obs)
-            actions.append(action)
-            rewards.append(reward)
-        episodes.append({"observations": np.array(observations), "actions": np.array(actions),
-                         "rewards": np.array(rewards), "truncations": [False] * 199 + [True]})
-    ds = Dataset.from_episodes(episodes, action_low=-2.0, action_high=2.0,
-                               metadata={"name": "pendulum-random", "env_id": "Pendulum-v1",
-                                         "ref_min_score": -1200.0, "ref_max_score": -150.0})
-    path = tmp_path_factory.mktemp("data") / "pendulum.npz"
-    ds.save(path)
-    return path
+    return random_pendulum_npz(tmp_path_factory.mktemp("data") / "pendulum.npz", n_episodes=4)
 
 
 def write_config(path: Path, data: Path, algorithms: dict) -> Path:
