@@ -160,14 +160,9 @@ class OnlineStrategy:
         """The online replay buffer the run starts with (the offline data too, for the naive recipe)."""
         spec = agent.spec_
         if offline_dataset is not None and self.keep_offline_data and self.offline_fraction is None:
-            extras = agent._online_extras(offline_dataset) if extra_columns else {}
-            buffer = ReplayBuffer(capacity + offline_dataset.n_transitions, spec["observation_dim"], spec["action_dim"],
-                                  agent.device_, extra_columns=tuple(extra_columns))
-            log_probs = offline_dataset.behavior_log_probs if offline_dataset.behavior_log_probs is not None else 0.0
-            buffer.add(offline_dataset.observations, offline_dataset.actions, offline_dataset.rewards,
-                       offline_dataset.next_observations, offline_dataset.terminals, offline_dataset.timeouts,
-                       log_probs, extras=extras)
-            return buffer
+            extras = agent._online_extras(offline_dataset) if extra_columns else None
+            return ReplayBuffer.from_dataset(offline_dataset, capacity + offline_dataset.n_transitions, agent.device_,
+                                             extras=extras)
         return ReplayBuffer(capacity, spec["observation_dim"], spec["action_dim"], agent.device_,
                             extra_columns=tuple(extra_columns))
 
@@ -220,7 +215,7 @@ class OnlineStrategy:
     def describe(self) -> dict[str, Any]:
         """The strategy as plain data for a model file: its name, class, parameters and state."""
         return {"name": self.name, "class": f"{type(self).__module__}:{type(self).__qualname__}",
-                "params": {k: v for k, v in self.get_params().items()}, "state": self.state_dict()}
+                "params": self.get_params(), "state": self.state_dict()}
 
 
 def concat_batches(first: Batch, second: Batch) -> Batch:
