@@ -72,7 +72,12 @@ def main() -> None:
                         help="SAC snapshot steps used as candidate policies")
     parser.add_argument("--bc-steps", type=int, nargs="*", default=[2000], help="BC policies trained for these step counts")
     parser.add_argument("--no-uniform", action="store_true", help="leave the uniform random policy out")
-    parser.add_argument("--estimators", nargs="+", default=["FQE", "DR", "WDR", "PDIS", "WPDIS", "WIS", "IS", "MB"])
+    parser.add_argument("--estimators", nargs="+",
+                        default=["FQE", "DR", "WDR", "PDIS", "WPDIS", "WIS", "IS", "MB", "MIS", "SNMIS", "MDR"])
+    parser.add_argument("--distributional", nargs="*", default=["CD-SNIS"],
+                        help="distributional estimators whose return CDFs go into the report")
+    parser.add_argument("--marginal-features", type=int, default=100, help="random Fourier features of the MWL ratios")
+    parser.add_argument("--marginal-ridge", type=float, default=None, help="MWL ridge (default: the library's)")
     parser.add_argument("--gamma", type=float, default=0.99)
     parser.add_argument("--horizon", type=int, default=200,
                         help="evaluation horizon, Pendulum's time limit (0: as logged, with stationary FQE)")
@@ -101,6 +106,8 @@ def main() -> None:
                   "hidden_dims": tuple(args.fqe_hidden), "device": "cpu", "random_state": args.seed}
     report = benchmark("Pendulum-v1", dataset, policies, gamma=args.gamma, n_rollouts=args.n_rollouts,
                        estimators=args.estimators, horizon=args.horizon or None, seed=args.seed, fqe_params=fqe_params,
+                       marginal_params={"n_features": args.marginal_features, "ridge": args.marginal_ridge},
+                       distributional=args.distributional or None,
                        random_state=args.seed, verbose=True)
     elapsed = time.perf_counter() - start
     out = Path(args.out)
@@ -109,6 +116,8 @@ def main() -> None:
     report.to_html(out / "report.html", title=f"OPE on {args.dataset}")
     metrics = report.metrics()
     metrics.to_csv(out / "metrics.csv")
+    metrics_k3 = report.metrics(k=3)
+    metrics_k3.to_csv(out / "metrics_k3.csv")
     print(report)
     print(metrics.to_string(float_format=lambda v: f"{v:.3f}"))
     summary = {"dataset": args.dataset, "n_transitions": dataset.n_transitions, "n_episodes": dataset.n_episodes,
@@ -122,6 +131,10 @@ def main() -> None:
     for name, row in metrics.iterrows():
         print(f"| {name} | {row['spearman']:.2f} | {row['regret@1']:.3f} | {row['normalized_abs_error']:.3f} | "
               f"{row['relative_error']:.3f} | {row['coverage']:.2f} |")
+    print("\n| estimator | precision@3 | regret@3 | SharpeRatio@3 |")
+    print("|---|---|---|---|")
+    for name, row in metrics_k3.iterrows():
+        print(f"| {name} | {row['precision@3']:.2f} | {row['regret@3']:.3f} | {row.get('sharpe@3', float('nan')):.2f} |")
     print(f"\nelapsed {elapsed:.0f} s; wrote {out}/report.html, estimates.csv, metrics.csv, summary.json")
 
 

@@ -165,18 +165,28 @@ def _datasets_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_selection(selection: Any, paths: dict[str, Any]) -> None:
+    """The OPE-based selection table, compact (every column is in ope_selection.csv)."""
+    if selection is None or selection.empty:
+        return
+    shown = ["dataset", "estimator", "selected", "regret", "selected_by_lcb", "lcb_regret", "best_run", "rank_corr"]
+    print(f"OPE-based selection (every column in {paths['ope_selection']}):")
+    print(selection[shown].to_string(index=False, float_format=lambda v: f"{v:.3g}", na_rep=""))
+
+
 def _sweep(args: argparse.Namespace) -> int:
-    from offrl.report import score_table, write_report
+    from offrl.report import ope_selection, score_table, write_report
     from offrl.sweep import load_config, run_sweep
 
     config = load_config(args.config)  # every problem of the config is reported here, before any run
     out = args.out or config.out or f"offrl-results/{config.name}"
     results = run_sweep(config, backend=args.backend, workers=args.workers, address=args.address, out=out,
-                        progress=not args.no_progress)
+                        progress=not args.no_progress, ope=args.ope)
     paths = write_report(out, title=config.name)
     table = score_table(results) if len(results) else None
     if table is not None and not table.empty:
         print(table.to_string())
+    _print_selection(ope_selection(results) if len(results) else None, paths)
     n_failed = int((results["status"] == "failed").sum()) if len(results) else 0
     print(f"{len(results)} runs ({n_failed} failed); results in {paths['results']}, report in {paths['html']}")
     return 1 if n_failed else 0
@@ -191,14 +201,16 @@ def _quickstart(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from offrl.report import results_frame, score_table, write_report
+    from offrl.report import ope_selection, results_frame, score_table, write_report
 
     if not os.path.isdir(args.dir):
         raise FileNotFoundError(f"{args.dir} is not a directory; pass a sweep output directory")
     paths = write_report(args.dir, title=args.title)
-    table = score_table(results_frame(args.dir))
+    results = results_frame(args.dir)
+    table = score_table(results)
     if not table.empty:
         print(table.to_string())
+    _print_selection(ope_selection(results) if len(results) else None, paths)
     print(f"wrote {paths['results']}, {paths['table']}, {paths['iqm']} and {paths['html']}")
     return 0
 
@@ -870,7 +882,8 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("out", help="the TorchScript file to write, e.g. policy.ts")
     export.add_argument("--force", action="store_true", help="overwrite an existing file")
 
-    sweep = command(commands, "sweep", _sweep, ["offrl sweep experiments/pendulum_acceptance.yaml --workers 4"],
+    sweep = command(commands, "sweep", _sweep, ["offrl sweep experiments/pendulum_acceptance.yaml --workers 4",
+                                                "offrl sweep experiments/pendulum_acceptance.yaml --ope FQE,DR,WPDIS"],
                     help="run a benchmark sweep from a YAML config")
     sweep.add_argument("config", help="sweep YAML (see experiments/)")
     sweep.add_argument("--backend", choices=("local", "ray"), default="local")
@@ -879,10 +892,27 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--out", default=None, help="output directory (default: offrl-results/<name>)")
     sweep.add_argument("--no-progress", action="store_true")
 
+    def ope_names(text: str) -> list[str]:
+        from offrl.sweep import parse_ope_estimators
+
+        try:
+            return parse_ope_estimators(text)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+
+    sweep.add_argument("--ope", type=ope_names, default=None, metavar="NAMES",
+                       help="OPE estimators, comma-separated (e.g. FQE,DR,WPDIS), run on every trained policy "
+                            "against its dataset, in place of the config's ope.estimators; finished runs are not "
+                            "trained again, only their missing estimates are computed")
+
     report = command(commands, "report", _report, ["offrl report offrl-results/pendulum_acceptance --title 'Pendulum'"],
                      help="aggregate a sweep directory into tables and report.html")
     report.add_argument("dir")
     report.add_argument("--title", default=None)
+
+    from offrl.tune import add_tune_parser
+
+    add_tune_parser(commands)
 
     from offrl.ope.cli import add_ope_parser
 

@@ -16,7 +16,8 @@ import numpy as np
 from offrl import _html
 from offrl.datasets.core import atomic_write_path
 
-__all__ = ["results_frame", "score_table", "iqm", "stratified_bootstrap_iqm", "write_report", "figure_to_html"]
+__all__ = ["results_frame", "score_table", "iqm", "stratified_bootstrap_iqm", "write_report", "figure_to_html",
+           "ope_selection"]
 
 
 def _run_dirs(out_dir: Path) -> list[Path]:
@@ -60,8 +61,11 @@ def results_frame(out_dir: str | os.PathLike) -> Any:
         row["params"] = json.dumps(result.get("params", {}), sort_keys=True)
         for name, value in (result.get("ope") or {}).items():
             if isinstance(value, dict):
-                row[f"ope_{name}"] = value.get("value")
-            else:
+                if "value" in value:  # an estimate, with its interval (the selection by lower bound reads it)
+                    row[f"ope_{name}"] = value.get("value")
+                    row[f"ope_{name}_ci_low"] = value.get("ci_low")
+                    row[f"ope_{name}_ci_high"] = value.get("ci_high")
+            elif name not in _OPE_NOTES:
                 row[f"ope_{name}"] = value
         rows.append(row)
     columns = ["dataset", "algorithm", "variant", "seed", "status", "final_score", "best_score", "final_return",
@@ -77,6 +81,9 @@ def results_frame(out_dir: str | os.PathLike) -> Any:
     ordered = columns + [c for c in frame.columns if c not in columns]
     return frame[ordered].sort_values(["dataset", "variant", "seed"]).reset_index(drop=True)
 
+
+# Words beside a run's OPE estimates (offrl.sweep), said in the report rather than as a column of every run.
+_OPE_NOTES = {"no_truth"}
 
 # Result fields of a run that went online after its offline phase (offrl.sweep, `online:`).
 _ONLINE_COLUMNS = ["offline_score", "dip_score", "strategy", "online_steps", "offline_return", "dip_return",
@@ -456,14 +463,166 @@ def _learning_curves(out_dir: Path, results: Any) -> list[str]:
     return figures
 
 
+def _ope_estimators(results: Any) -> list[str]:
+    """The OPE estimators with estimates in the results table (columns ope_<name> with their intervals)."""
+    suffix = "_ci_low"
+    return [c[len("ope_"):-len(suffix)] for c in results.columns
+            if c.startswith("ope_") and c.endswith(suffix) and c[:-len(suffix)] in results]
+
+
+def _run_name(row: Any) -> str:
+    return f"{row['variant']}/seed{int(row['seed'])}"
+
+
+def _rank_correlation(estimates: np.ndarray, truth: np.ndarray) -> float:
+    """Spearman's rank correlation of estimates and true scores; NaN for fewer than 3 runs or a constant side."""
+    from scipy.stats import rankdata
+
+    if len(estimates) < 3 or np.unique(estimates).size < 2 or np.unique(truth).size < 2:
+        return float("nan")
+    return float(np.corrcoef(rankdata(estimates), rankdata(truth))[0, 1])  # Pearson's of the ranks (ties averaged)
+
+
+def ope_selection(results: Any) -> Any:
+    """OPE-based model selection: per dataset and OPE estimator, the run the estimator would pick among the
+    finished runs with an estimate, by the highest estimate and by the highest lower confidence bound, and how
+    that pick does in truth.
+
+    The true score is the run's last evaluation (normalised score, else return), where an env was evaluated.
+    Columns: dataset, estimator, runs, truth (what the true scores are; '' without any), selected, estimate,
+    selected_score, regret (the best run's true score minus the pick's), selected_by_lcb ('' when no run has a
+    finite lower bound), lcb, lcb_score, lcb_regret, best_run, best_score, rank_corr (Spearman, estimates
+    against true scores, over ranked_runs runs with both; NaN below 3).  Without true scores only the picks
+    are filled in.
+    """
+    import pandas as pd
+
+    columns = ["dataset", "estimator", "runs", "truth", "selected", "estimate", "selected_score", "regret",
+               "selected_by_lcb", "lcb", "lcb_score", "lcb_regret", "best_run", "best_score", "rank_corr",
+               "ranked_runs"]
+    if results is None or len(results) == 0 or "status" not in results:
+        return pd.DataFrame(columns=columns)
+    ok = results[results["status"] == "ok"]
+    rows = []
+    nan = float("nan")
+    for dataset, group in ok.groupby("dataset", sort=True):
+        truth_column, truth_label = None, ""
+        for column, label in (("final_score", "normalised score"), ("final_return", "return")):
+            if column in group and np.isfinite(pd.to_numeric(group[column], errors="coerce")).any():
+                truth_column, truth_label = column, label
+                break
+        for estimator in _ope_estimators(group):
+            values = pd.to_numeric(group[f"ope_{estimator}"], errors="coerce").to_numpy(float)
+            candidates = group[np.isfinite(values)]
+            if candidates.empty:
+                continue
+            estimates = pd.to_numeric(candidates[f"ope_{estimator}"], errors="coerce").to_numpy(float)
+            lows = pd.to_numeric(candidates[f"ope_{estimator}_ci_low"], errors="coerce").to_numpy(float)
+            truth = (pd.to_numeric(candidates[truth_column], errors="coerce").to_numpy(float)
+                     if truth_column else np.full(len(candidates), nan))
+            has_truth = np.isfinite(truth)
+            pick = int(np.argmax(estimates))  # the first of equal estimates (runs are in dataset, variant, seed order)
+            row: dict[str, Any] = {"dataset": dataset, "estimator": estimator, "runs": len(candidates),
+                                   "truth": truth_label if has_truth.any() else "",
+                                   "selected": _run_name(candidates.iloc[pick]), "estimate": estimates[pick],
+                                   "selected_score": truth[pick]}
+            best = float(np.max(truth[has_truth])) if has_truth.any() else nan
+            row["regret"] = best - truth[pick] if np.isfinite(truth[pick]) else nan
+            if np.isfinite(lows).any():  # an infinite lower bound says nothing, so it picks nothing
+                by_lcb = int(np.argmax(np.where(np.isfinite(lows), lows, -np.inf)))
+                row.update({"selected_by_lcb": _run_name(candidates.iloc[by_lcb]), "lcb": lows[by_lcb],
+                            "lcb_score": truth[by_lcb],
+                            "lcb_regret": best - truth[by_lcb] if np.isfinite(truth[by_lcb]) else nan})
+            else:
+                row.update({"selected_by_lcb": "", "lcb": nan, "lcb_score": nan, "lcb_regret": nan})
+            if has_truth.any():
+                top = int(np.flatnonzero(has_truth)[np.argmax(truth[has_truth])])
+                row.update({"best_run": _run_name(candidates.iloc[top]), "best_score": best})
+            else:
+                row.update({"best_run": "", "best_score": nan})
+            row["rank_corr"] = _rank_correlation(estimates[has_truth], truth[has_truth])
+            row["ranked_runs"] = int(has_truth.sum())
+            rows.append(row)
+    return pd.DataFrame(rows, columns=columns)
+
+
+def _selection_sentences(selection: Any, limit: int = 8) -> list[str]:
+    """The OPE-based selection in words, one sentence per dataset (the first `limit` datasets)."""
+    lines = []
+    datasets = list(dict.fromkeys(selection["dataset"]))
+    for dataset in datasets[:limit]:
+        group = selection[selection["dataset"] == dataset]
+        where = f" on {dataset}" if len(datasets) > 1 else ""
+        if (group["truth"] == "").all():
+            picks = [f"{r.estimator} would pick {r.selected} (estimate {_html.fmt(r.estimate)})"
+                     for r in group.itertuples()]
+            lines.append(f"OPE-based selection{where}: {'; '.join(picks)}. No run was evaluated in an environment, "
+                         "so how good these picks are is not known.")
+            continue
+        picks = []
+        for r in group.itertuples():
+            text = f"{r.estimator} would pick {r.selected}"
+            if np.isfinite(r.selected_score):
+                text += f" ({r.truth} {_html.fmt(r.selected_score)}, regret {_html.fmt(r.regret)}"
+                text += (f"; rank correlation {r.rank_corr:.2f} over {r.ranked_runs} runs)"
+                         if np.isfinite(r.rank_corr) else ")")
+            picks.append(text)
+        best = group[group["best_run"] != ""].iloc[0]
+        lines.append(f"OPE-based selection{where} (by the highest estimate): {'; '.join(picks)}. The best run, "
+                     f"{best['best_run']}, scores {_html.fmt(best['best_score'])}; regret is its score minus the "
+                     "pick's.")
+    if len(datasets) > limit:
+        lines.append(f"(OPE-based selection for the first {limit} of {len(datasets)} datasets; the table has them "
+                     "all.)")
+    return lines
+
+
+def _ope_selection_html(selection: Any) -> str:
+    """The OPE-based selection table: per dataset and estimator, its pick by estimate and by lower bound, each
+    with its true score and regret, and the rank correlation of estimates with true scores."""
+    def pick_cell(run: str, value: float, what: str, score: float, truth: str) -> str:
+        if not run:
+            return "<span class='dim'>no finite lower bound</span>"
+        sub = f"{what} {_html.fmt(value)}" + (f", {truth} {_html.fmt(score)}" if np.isfinite(score) else "")
+        return f"{_html.esc(run)}<span class='sub'>{_html.esc(sub)}</span>"
+
+    def number(value: float, digits: str = "") -> str:
+        if not np.isfinite(value):
+            return "<span class='dim'>n/a</span>"
+        return _html.esc(f"{value:{digits}}" if digits else _html.fmt(value))
+
+    rows = []
+    for r in selection.itertuples():
+        best = (f"{_html.esc(r.best_run)}<span class='sub'>{_html.esc(f'{r.truth} {_html.fmt(r.best_score)}')}</span>"
+                if r.best_run else "<span class='dim'>no true score</span>")
+        rows.append([_html.esc(r.dataset), _html.esc(r.estimator),
+                     pick_cell(r.selected, r.estimate, "estimate", r.selected_score, r.truth), number(r.regret),
+                     pick_cell(r.selected_by_lcb, r.lcb, "lower bound", r.lcb_score, r.truth), number(r.lcb_regret),
+                     best, number(r.rank_corr, ".2f"), _html.esc(r.runs)])
+    truthless = sorted(set(selection.loc[selection["truth"] == "", "dataset"]))
+    caption = ("Which run each OPE estimator would select from the logged data alone: the run with the highest "
+               "estimate, and the run with the highest lower confidence bound. Under each pick, its estimate and its "
+               "true score: the last evaluation in the environment (normalised score where the dataset has "
+               "reference scores, else return). Regret: the best run's true score minus the pick's (0: the "
+               "estimator picked the best run). Rank correlation: Spearman's, of the estimates against the true "
+               "scores over the runs with both (n/a below 3 runs).")
+    if truthless:
+        caption += (f" {_html.join_words(truthless)} had no evaluation environment, so only the picks are shown.")
+    return _html.table(["dataset", "estimator", "selects (highest estimate)", "regret",
+                        "selects (highest lower bound)", "regret", "best run", "rank corr.", "runs"], rows,
+                       caption=_html.esc(caption), numeric=[False, False, False, True, False, True, False, True, True])
+
+
 def write_report(out_dir: str | os.PathLike, title: str | None = None, extra_html: str = "",
                  extra_summary: str = "") -> dict[str, Path]:
-    """Write results.csv, table.csv, iqm.csv and report.html into `out_dir`; return their paths.
+    """Write results.csv, table.csv, iqm.csv and report.html into `out_dir` (and ope_selection.csv when runs
+    have OPE estimates); return their paths.
 
     The page opens with a summary in words (what ran, which algorithm is best against the data and BC, the seed
-    count), then the score table, the IQM across datasets, captioned learning curves, `extra_html` (e.g. an OPE
-    section) and every run's numbers in a collapsed block.  `extra_summary` (HTML paragraphs) is added to the
-    summary box.  It fits a 1280-px-wide window without scrolling sideways.
+    count, which run each OPE estimator would select), then the score table, the IQM across datasets, captioned
+    learning curves, the OPE-based selection, `extra_html` (e.g. an OPE section) and every run's numbers in a
+    collapsed block.  `extra_summary` (HTML paragraphs) is added to the summary box.  It fits a 1280-px-wide
+    window without scrolling sideways.
     """
     out_dir = Path(out_dir)
     results = results_frame(out_dir)
@@ -478,11 +637,16 @@ def write_report(out_dir: str | os.PathLike, title: str | None = None, extra_htm
         (table if table is not None else results.head(0)).to_csv(tmp)
     with atomic_write_path(paths["iqm"]) as tmp:
         (iqm_frame if iqm_frame is not None else results.head(0)).to_csv(tmp, index=False)
+    selection = ope_selection(results)
+    if not selection.empty:
+        paths["ope_selection"] = out_dir / "ope_selection.csv"
+        with atomic_write_path(paths["ope_selection"]) as tmp:
+            selection.to_csv(tmp, index=False)
     name = title or out_dir.name
     if results.empty:
         summary = [f"No runs found under {out_dir}."]
     else:
-        summary = _summary(results, iqm_frame)
+        summary = _summary(results, iqm_frame) + _selection_sentences(selection)
     parts = ["<section class='summary' id='summary'><h2>Summary</h2>"
              + "".join(f"<p>{_html.esc(line)}</p>" for line in summary) + extra_summary + "</section>"]
     if any_ok:
@@ -490,6 +654,8 @@ def write_report(out_dir: str | os.PathLike, title: str | None = None, extra_htm
         if iqm_frame is not None and not iqm_frame.empty and int(iqm_frame["datasets"].max()) > 1:
             parts += ["<h2>Aggregate across datasets</h2>", _iqm_table_html(iqm_frame)]
         parts += ["<h2>Learning curves</h2>"] + _learning_curves(out_dir, results)
+    if not selection.empty:
+        parts += ["<h2 id='ope-selection'>OPE-based selection</h2>", _ope_selection_html(selection)]
     parts.append(extra_html)
     if len(results):
         failed = results[results["status"] != "ok"]

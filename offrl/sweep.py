@@ -10,10 +10,16 @@ training/eval CSVs, a checkpoint, the model and `result.json`; a run whose
 where it left off.  One process at a time writes a run's directory (it holds
 the directory's lock), and pool workers die with the sweep's process.  Runs
 execute in a local process pool or as Ray tasks, with the same outputs.
+
+OPE asked for with `run_sweep(..., ope=[...])` (`offrl sweep --ope FQE,DR`)
+is kept out of the run hash: a finished run whose result lacks a requested
+estimator is not trained again; its saved model is loaded and only the
+missing estimates are added to its `result.json`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib
 import itertools
@@ -38,12 +44,17 @@ from offrl.datasets.core import atomic_write_path
 from offrl.datasets.files import LockTimeoutError, check_inside, check_path_name, wait_for_lock
 
 __all__ = ["ConfigError", "SweepConfig", "UniqueKeyLoader", "load_config", "parse_config", "expand_runs", "run_sweep",
-           "execute_run", "run_lock_path", "env_problem"]
+           "execute_run", "run_lock_path", "env_problem", "parse_ope_estimators", "ope_settings", "ope_missing"]
 
 _TOP_KEYS = {"name", "datasets", "algorithms", "seeds", "steps", "eval", "ope", "checkpoint_every", "device",
              "threads_per_run", "out", "log_every", "presets"}
 _EVAL_KEYS = {"every", "episodes", "env"}
-_OPE_KEYS = {"estimators", "gamma", "rollouts"}
+_OPE_KEYS = {"estimators", "gamma", "rollouts", "fqe_params"}
+# The `ope:` keys that enter the run hash (as they always have); `fqe_params` changes no training, so it does not.
+_UNHASHED_OPE_KEYS = ("fqe_params",)
+_OPE_DEFAULTS = {"estimators": ["FQE"], "gamma": 0.99, "rollouts": 10}
+# FQE settings the `ope:` block sets itself (gamma) or the run does (its seed), so fqe_params may not.
+_FQE_FIXED = {"gamma": "ope.gamma", "horizon": "the logged episodes", "random_state": "the run's seed"}
 _DATASET_KEYS = {"spec", "eval_env", "build", "label"}
 # What a dataset's `build:` mapping may set for an offrl: dataset (the budget of `offrl datasets build`).
 _BUILD_OPTIONS = {"seed", "n_transitions", "sac_steps", "eval_every", "eval_episodes", "ref_episodes", "sac_params",
@@ -129,6 +140,9 @@ class SweepConfig:
     out: str | None = None
     source: str = "<config>"
     raw: dict[str, Any] = field(default_factory=dict)
+    # Estimators asked for on top of the config (`--ope`): they replace `ope.estimators` but, unlike the `ope:`
+    # block, stay out of the run hash, so asking for them never retrains a run.
+    ope_request: list[str] | None = None
 
 
 def load_config(path: str | os.PathLike, check_datasets: bool = True) -> SweepConfig:
@@ -299,13 +313,16 @@ def parse_config(
         bad = set(ope) - _OPE_KEYS
         if bad:
             raise fail(f"ope.{sorted(map(str, bad))[0]}", f"unknown ope key; allowed: {sorted(_OPE_KEYS)}")
-        ope = {"estimators": ope.get("estimators", ["FQE"]), "gamma": ope.get("gamma", 0.99), "rollouts": ope.get("rollouts", 10)}
+        fqe_params = ope.get("fqe_params")
+        ope = {key: ope.get(key, default) for key, default in _OPE_DEFAULTS.items()}
         if not isinstance(ope["estimators"], list) or not ope["estimators"]:
             raise fail("ope.estimators", "estimators must be a non-empty list of estimator names")
         if not _is_real(ope["gamma"]) or not 0 < ope["gamma"] <= 1:
             raise fail("ope.gamma", f"gamma must be a number in (0, 1], got {ope['gamma']!r}")
         count("ope.rollouts", ope["rollouts"])
         _check_estimators(ope["estimators"], fail)
+        if fqe_params is not None:  # only when given, so the ope block of an older config is unchanged
+            ope["fqe_params"] = _check_fqe_params(fqe_params, fail)
 
     checkpoint_every = raw.get("checkpoint_every")
     if checkpoint_every is not None:
@@ -749,12 +766,72 @@ def _grid_values(spec: Any, default: Any, key: str, fail: Any) -> tuple[list[Any
 
 
 def _check_estimators(names: list[Any], fail: Any) -> None:
-    from offrl.ope import ESTIMATORS
+    """Each name one `offrl.ope.evaluate` accepts (a short or class name, any case), none twice."""
+    from offrl.ope.api import estimator_key
 
-    known = {k.lower() for k in ESTIMATORS}
+    seen: dict[str, Any] = {}
     for i, name in enumerate(names):
-        if not isinstance(name, str) or name.lower() not in known:
-            raise fail(f"ope.estimators.{i}", f"unknown OPE estimator {name!r}; choose from {list(ESTIMATORS)}")
+        if not isinstance(name, str):
+            raise fail(f"ope.estimators.{i}", f"an estimator is given by its name (e.g. FQE), got {name!r}")
+        try:
+            key = estimator_key(name)
+        except ValueError as err:
+            raise fail(f"ope.estimators.{i}", f"OPE: {err}") from None
+        if key in seen:
+            raise fail(f"ope.estimators.{i}", f"{name!r} names the estimator {key} again (as {seen[key]!r}); "
+                                              "list each estimator once")
+        seen[key] = name
+
+
+def parse_ope_estimators(names: str | Sequence[str]) -> list[str]:
+    """OPE estimator names, as a comma-separated text ('FQE,DR,WPDIS') or a list, checked by the rules of
+    `ope.estimators` and returned as `offrl.ope.ESTIMATORS` keys; a ValueError names the first bad one."""
+    from offrl.ope.api import estimator_key
+
+    items = names.split(",") if isinstance(names, str) else list(names)
+    items = [str(item).strip() for item in items]
+    if not items or not all(items):
+        raise ValueError(f"give estimator names separated by commas, e.g. FQE,DR, got {names!r}")
+    keys: list[str] = []
+    for item in items:
+        key = estimator_key(item)  # "unknown estimator 'X'; choose from [...]"
+        if key in keys:
+            raise ValueError(f"{item!r} names the estimator {key} twice; list each estimator once")
+        keys.append(key)
+    return keys
+
+
+def _check_fqe_params(value: Any, fail: Any) -> dict[str, Any]:
+    """`ope.fqe_params`: FQE hyper-parameters (e.g. n_steps), checked with FQE's own rules."""
+    from offrl.algos.params import InvalidParameterError
+    from offrl.ope import FQE
+
+    if not isinstance(value, dict):
+        raise fail("ope.fqe_params", f"fqe_params must be a mapping of FQE hyper-parameters, e.g. "
+                                     f"{{n_steps: 5000}}, got {value!r}")
+    defaults = FQE().get_params()
+    for name in value:
+        if name in _FQE_FIXED:
+            raise fail(f"ope.fqe_params.{name}", f"{name} is set by {_FQE_FIXED[name]}, not fqe_params")
+        if name not in defaults:
+            valid = sorted(set(defaults) - set(_FQE_FIXED))
+            raise fail(f"ope.fqe_params.{name}", f"FQE has no hyper-parameter {name!r}; valid ones: {valid}")
+    try:
+        FQE(**value).check_params()
+    except (InvalidParameterError, TypeError, ValueError) as err:
+        raise fail("ope.fqe_params", str(err)) from None
+    return dict(value)
+
+
+def ope_settings(config: SweepConfig) -> dict[str, Any] | None:
+    """The OPE every run of `config` gets: the `ope:` block, its estimators replaced by `config.ope_request`
+    (`--ope`) when given, names as `offrl.ope.ESTIMATORS` keys; None when neither asks for OPE."""
+    if config.ope is None and not config.ope_request:
+        return None
+    base = {**_OPE_DEFAULTS, **(config.ope or {})}
+    estimators = config.ope_request or base["estimators"]
+    return {"estimators": parse_ope_estimators(estimators), "gamma": float(base["gamma"]),
+            "rollouts": int(base["rollouts"]), "fqe_params": dict(base.get("fqe_params") or {})}
 
 
 # ---------------------------------------------------------------------------- runs
@@ -772,6 +849,10 @@ def expand_runs(config: SweepConfig, out_dir: str | os.PathLike) -> list[dict[st
 
     out_dir = Path(out_dir)
     runs_root = out_dir / "runs"
+    # The `ope:` block enters the hash as it always has (older configs keep their hashes); what only OPE
+    # reads (fqe_params, the --ope request) goes to the run beside the hash, as `ope_request`.
+    hashed_ope = None if config.ope is None else {k: v for k, v in config.ope.items() if k not in _UNHASHED_OPE_KEYS}
+    request = ope_settings(config)
     runs = []
     for dataset in config.datasets:
         for label, algo in config.algorithms.items():
@@ -805,7 +886,7 @@ def expand_runs(config: SweepConfig, out_dir: str | os.PathLike) -> list[dict[st
                         # an online-only learner has no offline phase
                         "steps": 0 if _is_online_learner(algo["algorithm"]) else config.steps,
                         "eval": config.eval,
-                        "ope": config.ope,
+                        "ope": hashed_ope,
                         "checkpoint_every": config.checkpoint_every,
                         "device": config.device,
                         "log_every": config.log_every,
@@ -818,7 +899,7 @@ def expand_runs(config: SweepConfig, out_dir: str | os.PathLike) -> list[dict[st
                     run_dir = runs_root / dataset["label"] / variant / f"seed{seed}"
                     check_inside(run_dir, runs_root, f"the run directory of {dataset['label']}/{variant}/seed{seed}")
                     runs.append({**resolved, "variant": variant, "hash": config_hash, "dir": str(run_dir),
-                                 "threads": config.threads_per_run})
+                                 "threads": config.threads_per_run, "ope_request": request})
     return runs
 
 
@@ -949,6 +1030,9 @@ def _execute_locked(run: Mapping[str, Any], run_dir: Path, base: dict[str, Any])
 
     existing = read_result(run_dir)
     if existing is not None and existing.get("hash") == run["hash"]:
+        missing = ope_missing(run, existing)
+        if missing:  # trained already: add the estimates it lacks, from its saved model
+            return _add_ope(run, run_dir, base, existing, missing)
         return {**existing, "skipped": True}
     torch.set_num_threads(int(run.get("threads", 1)))
     _write_json(run_dir / "config.json", {k: v for k, v in run.items() if k != "threads"})
@@ -1000,14 +1084,14 @@ def _execute_locked(run: Mapping[str, Any], run_dir: Path, base: dict[str, Any])
             result["dataset_score"] = float(np.mean(normalized_score(raw_dataset, raw_dataset.episode_returns())))
         except (ValueError, TypeError):
             result["dataset_score"] = float("nan")
-        if run.get("ope") and env is not None:
-            # OPE is scored against roll-outs in the environment's own rewards, so it reads the logged data:
-            # labelled rewards are in another unit, and labelled actions lack their behaviour probabilities.
-            missing = raw_dataset.missing_labels()
-            result["ope"] = (_run_ope(algo, raw_dataset, env, run["ope"], run["seed"]) if not missing else
-                             {"skipped": f"the logged data lacks {', '.join(missing)}, so its estimates would not "
-                                         "be in the environment's rewards"})
         result["train_seconds"] = time.time() - started
+        spec = _ope_spec(run)
+        if spec:
+            try:
+                result["ope"] = _logged_data_ope(algo, raw_dataset, env, spec, run["seed"])
+            except Exception:  # the trained model is kept: a re-run computes the OPE alone
+                _write_json(run_dir / "result.json", result)
+                return _ope_failed(run_dir, base)
         (run_dir / "error.txt").unlink(missing_ok=True)
         _write_json(run_dir / "result.json", result)
         return result
@@ -1102,18 +1186,146 @@ def _online_result(run: Mapping[str, Any], offline_history: list[dict[str, Any]]
     return result
 
 
-def _run_ope(algo: Any, dataset: Any, env: str, ope_cfg: Mapping[str, Any], seed: int) -> dict[str, Any]:
-    """OPE estimates of this run's policy from its dataset, next to its true discounted value from roll-outs."""
-    from offrl import ope
+def _ope_spec(run: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The OPE a run is asked for: its `ope_request` (see `ope_settings`), else (a run dict made elsewhere)
+    its hashed `ope:` block."""
+    if "ope_request" in run:
+        return run["ope_request"]
+    return run.get("ope")
 
+
+def _logged_data_ope(algo: Any, raw_dataset: Any, env: str | None, spec: Mapping[str, Any], seed: int,
+                     previous: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A run's `result["ope"]`, from the logged data: OPE is scored against roll-outs in the environment's own
+    rewards, so labelled rewards (another unit) and labelled actions (no behaviour probabilities) are not used;
+    without those labels it is skipped, with the reason."""
+    missing = raw_dataset.missing_labels()
+    if missing:
+        return {"skipped": f"the logged data lacks {', '.join(missing)}, so its estimates would not be in the "
+                           "environment's rewards"}
+    if previous:
+        return _run_ope(algo, raw_dataset, env, spec, seed, previous=previous)
+    return _run_ope(algo, raw_dataset, env, spec, seed)
+
+
+def _ope_stored_settings(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """What a run's estimates depend on besides its policy and data, as stored beside them (JSON-shaped)."""
+    return json.loads(json.dumps({"gamma": float(spec["gamma"]), "rollouts": int(spec["rollouts"]),
+                                  "fqe_params": dict(spec.get("fqe_params") or {})}, default=list))
+
+
+def _estimate_keys(ope_result: Mapping[str, Any]) -> dict[str, str]:
+    """`offrl.ope.ESTIMATORS` key -> the key its estimate is stored under, for the estimates in a result's ope."""
+    from offrl.ope.api import estimator_key
+
+    keys = {}
+    for name, value in ope_result.items():
+        if isinstance(value, dict) and "value" in value:
+            try:
+                keys[estimator_key(name)] = name
+            except ValueError:  # an estimator this version does not know: kept, never asked for
+                continue
+    return keys
+
+
+def _reusable_ope(run: Mapping[str, Any], result: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of a finished run's ope results that still holds for the OPE it is asked for now: all of it when
+    computed with the same settings (a result from before settings were stored was made with the hashed ones
+    and FQE's defaults), nothing when they changed."""
+    spec = _ope_spec(run)
+    stored = result.get("ope")
+    if not spec or not isinstance(stored, dict):
+        return {}
+    settings = stored.get("settings") or {"gamma": float(spec["gamma"]), "rollouts": int(spec["rollouts"]),
+                                          "fqe_params": {}}
+    return dict(stored) if settings == _ope_stored_settings(spec) else {}
+
+
+def ope_missing(run: Mapping[str, Any], result: Mapping[str, Any] | None) -> list[str]:
+    """The requested OPE estimators a finished run's result lacks (all of them after a change of OPE settings),
+    as `offrl.ope.ESTIMATORS` keys; [] when nothing is asked for or the data cannot give estimates."""
+    spec = _ope_spec(run)
+    if not spec or not result or result.get("status") != "ok":
+        return []
+    stored = result.get("ope")
+    if isinstance(stored, dict) and "skipped" in stored:  # the logged data lacks rewards or actions
+        return []
+    have = _estimate_keys(_reusable_ope(run, result))
+    from offrl.ope.api import estimator_key
+
+    return [key for key in (estimator_key(e) for e in spec["estimators"]) if key not in have]
+
+
+def _add_ope(run: Mapping[str, Any], run_dir: Path, base: dict[str, Any], existing: dict[str, Any],
+             missing: list[str]) -> dict[str, Any]:
+    """OPE for a run trained earlier: its model.pt is loaded (never trained again) and only the `missing`
+    estimates (and the true value, if it lacks one) are computed and added to its result.json."""
+    import torch
+
+    import offrl
+    from offrl.pipeline import Pipeline
+
+    torch.set_num_threads(int(run.get("threads", 1)))
+    try:
+        raw_dataset = _load_dataset(run["dataset"])
+        env = _eval_env(run["dataset"], run["eval"], raw_dataset)
+        model = offrl.load(run_dir / "model.pt", device=run["device"])
+        algo = model.steps[-1][1] if isinstance(model, Pipeline) else model  # the policy, as trained
+        previous = _reusable_ope(run, existing)
+        result = {**existing, "ope": _logged_data_ope(algo, raw_dataset, env, _ope_spec(run), run["seed"],
+                                                      previous=previous)}
+    except Exception:
+        return _ope_failed(run_dir, base)
+    (run_dir / "error.txt").unlink(missing_ok=True)
+    _write_json(run_dir / "result.json", result)
+    return {**result, "ope_added": missing}
+
+
+def _ope_failed(run_dir: Path, base: dict[str, Any]) -> dict[str, Any]:
+    """Record a failed OPE of a trained run (the traceback in error.txt); its result.json keeps the training."""
+    text = traceback.format_exc()
+    with atomic_write_path(run_dir / "error.txt") as tmp, open(tmp, "w") as f:
+        f.write(text)
+    return {**base, "status": "failed", "error": "OPE failed (the trained model is kept; a re-run computes the "
+                                                 f"OPE alone): {text.strip().splitlines()[-1]}"}
+
+
+_NO_TRUTH = "no evaluation environment, so no roll-outs for the true value"
+
+
+def _run_ope(algo: Any, dataset: Any, env: str | None, ope_cfg: Mapping[str, Any], seed: int,
+             previous: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """OPE estimates of this run's policy from its dataset, next to its true discounted value from roll-outs
+    (None without an env: the selection then has no truth to be scored against).
+
+    With `previous` (ope results made with the same settings) only the estimators it lacks are computed,
+    and its true value is kept.  Each estimate is stored under its `offrl.ope.ESTIMATORS` key.
+    """
+    from offrl import ope
+    from offrl.ope.api import estimator_key
+
+    previous = dict(previous or {})
+    have = _estimate_keys(previous)
+    todo = [key for key in (estimator_key(e) for e in ope_cfg["estimators"]) if key not in have]
     gamma = float(ope_cfg["gamma"])
-    truth = ope.true_policy_value(env, algo, gamma, n_rollouts=int(ope_cfg["rollouts"]), seed=10_000 + seed,
-                                  dataset=dataset)
-    report = ope.evaluate({"policy": algo}, dataset, list(ope_cfg["estimators"]), gamma, random_state=seed)
-    estimates: dict[str, Any] = {"true_value": truth["value"]}
-    for row in report.to_frame().itertuples():
-        estimates[row.estimator] = {"value": row.value, "ci_low": row.ci_low, "ci_high": row.ci_high}
-    return estimates
+    out: dict[str, Any] = {k: v for k, v in previous.items() if k not in ("true_value", "no_truth", "settings")}
+    if todo:
+        report = ope.evaluate({"policy": algo}, dataset, todo, gamma, random_state=seed,
+                              fqe_params=dict(ope_cfg.get("fqe_params") or {}))
+        # results come in the order asked for, so each is stored under the name it was asked by
+        for key, result in zip(todo, report.results["policy"].values()):
+            out[key] = {"value": float(result.value), "ci_low": float(result.ci_low),
+                        "ci_high": float(result.ci_high)}
+    truth = previous.get("true_value")
+    if env is None:
+        out.update({"true_value": None, "no_truth": _NO_TRUTH})
+    elif isinstance(truth, numbers.Real) and np.isfinite(truth):
+        out["true_value"] = truth
+    else:
+        out["true_value"] = ope.true_policy_value(env, algo, gamma, n_rollouts=int(ope_cfg["rollouts"]),
+                                                  seed=10_000 + seed, dataset=dataset)["value"]
+    out["settings"] = _ope_stored_settings(ope_cfg)
+    return out
 
 
 # ---------------------------------------------------------------------------- executors
@@ -1155,10 +1367,17 @@ def _last_logged_step(path: Path) -> int:
 
 
 def pending_runs(runs: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """The runs without a finished result for their current config, longest first (by `run_cost`)."""
-    todo = [dict(r) for r in runs if (read_result(r["dir"]) or {}).get("hash") != r["hash"]]
+    """The runs without a finished result for their current config, longest first (by `run_cost`), then the
+    finished runs that lack requested OPE estimates (they only compute those)."""
+    todo, ope_only = [], []
+    for run in runs:
+        result = read_result(run["dir"]) or {}
+        if result.get("hash") != run["hash"]:
+            todo.append(dict(run))
+        elif ope_missing(run, result):
+            ope_only.append(dict(run))
     todo.sort(key=lambda r: -run_cost(r))  # stable: equal costs keep the config's order
-    return todo
+    return todo + ope_only
 
 
 def run_sweep(
@@ -1169,6 +1388,7 @@ def run_sweep(
     out: str | os.PathLike | None = None,
     progress: bool = True,
     on_result: Callable[[dict[str, Any]], None] | None = None,
+    ope: str | Sequence[str] | None = None,
 ) -> Any:
     """Run every missing run of the sweep and return the results table (a DataFrame, one row per run).
 
@@ -1176,6 +1396,12 @@ def run_sweep(
     start last and leave the other workers idle.  `on_result` is called in this
     process with each finished run's result as it arrives, while other runs go
     on (e.g. to evaluate finished policies in the meantime).
+
+    `ope` (estimator names, e.g. ["FQE", "DR"] or "FQE,DR") runs OPE on every
+    trained policy against the data it was trained on, with or without an
+    env, in place of the config's `ope.estimators` (its gamma, rollouts and
+    fqe_params still apply).  It does not enter the run hashes: finished runs
+    are not trained again, only their missing estimates are computed.
     """
     from offrl.report import results_frame
 
@@ -1185,6 +1411,8 @@ def run_sweep(
         raise ValueError(f"workers must be a positive integer (parallel runs) or None (one per CPU), got {workers!r}")
     if not isinstance(config, SweepConfig):
         config = load_config(config)
+    if ope is not None:
+        config = dataclasses.replace(config, ope_request=parse_ope_estimators(ope))
     out_dir = Path(out or config.out or Path("offrl-results") / config.name)
     runs = expand_runs(config, out_dir)  # checks every run before anything is written
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -56,3 +56,25 @@ def test_safety_errors_and_dicts():
     assert row["regret@1"] == pytest.approx(0.25)
     assert row["type_ii_error_rate"] == pytest.approx(0.5)
     assert row["relative_error"] == pytest.approx(np.mean(np.abs(EST - TRUE) / TRUE))
+
+
+def test_sharpe_ratio_at_k_by_hand():
+    # top policies by estimate: 3 (true 40), 1 (true 20), 4 (true 50), 2, 0
+    top2 = np.array([40.0, 20.0])
+    assert M.sharpe_ratio_at_k(EST, TRUE, 2, behavior_value=25.0) == pytest.approx((40 - 25) / top2.std(ddof=1))
+    # top-3 true values 40, 20, 50: best 50, sample std sqrt(((40-110/3)^2 + (20-110/3)^2 + (50-110/3)^2) / 2)
+    std3 = np.sqrt(((40 - 110 / 3) ** 2 + (20 - 110 / 3) ** 2 + (50 - 110 / 3) ** 2) / 2)
+    assert M.sharpe_ratio_at_k(EST, TRUE, 3, behavior_value=25.0) == pytest.approx((50 - 25) / std3)
+    assert M.sharpe_ratio_at_k(EST, TRUE, 3, behavior_value=25.0) == pytest.approx(25 / 15.275252, rel=1e-6)
+    # the return over pi_b is clipped at 0; one policy has no spread (ddof=1): nan, as in SCOPE-RL
+    assert M.sharpe_ratio_at_k(EST, TRUE, 2, behavior_value=60.0) == 0.0
+    assert np.isnan(M.sharpe_ratio_at_k(EST, TRUE, 1, behavior_value=25.0))
+    # equal true values among the top k: no risk, an infinite score if they beat pi_b, nan if not
+    flat = np.array([5.0, 5.0, 1.0])
+    assert M.sharpe_ratio_at_k([3.0, 2.0, 1.0], flat, 2, behavior_value=0.0) == float("inf")
+    assert np.isnan(M.sharpe_ratio_at_k([3.0, 2.0, 1.0], flat, 2, behavior_value=9.0))
+    row = M.selection_metrics(EST, TRUE, k=2, behavior_value=25.0)
+    assert row["sharpe@2"] == pytest.approx((40 - 25) / top2.std(ddof=1))
+    assert "sharpe@2" not in M.selection_metrics(EST, TRUE, k=2)
+    with pytest.raises(ValueError, match="behavior_value must be finite"):
+        M.sharpe_ratio_at_k(EST, TRUE, 2, behavior_value=float("nan"))

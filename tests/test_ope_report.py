@@ -224,3 +224,57 @@ def test_evaluate_passes_weight_bound_and_knows_class_names():
     by_class = evaluate({"p": target}, ds, estimators=["ModelBased"], gamma=GAMMA, horizon=3,
                         mb_params={"n_models": 2, "n_steps": 3, "hidden_dims": (8,)})
     assert len(by_class.results["p"]["MB"].diagnostics["member_values"]) == 2  # mb_params reached it
+
+
+def _safe_and_risky():
+    """One step from two equally likely states: 'safe' always earns 0.5; 'risky' earns 3 or -0.5 (mean 1.25)."""
+    from offrl.ope.distributional import evaluate_distributions
+
+    mdp = TabularMDP(P=np.full((2, 2, 2), 0.5), R=np.array([[0.5, 3.0], [0.5, -0.5]]))
+    ds = mdp.sample(np.full((2, 2), 0.5), 400, horizon=1, seed=0)
+    policies = {"safe": tabular_policy(np.array([[1.0, 0.0], [1.0, 0.0]])),
+                "risky": tabular_policy(np.array([[0.0, 1.0], [0.0, 1.0]]))}
+    report = evaluate(policies, ds, ["WIS"], gamma=GAMMA, horizon=1, n_bootstrap=200)
+    distributions = evaluate_distributions(policies, ds, ["CD-SNIS"], gamma=GAMMA, horizon=1, cvar_alpha=0.2,
+                                           n_bootstrap=200)
+    return report, distributions
+
+
+def test_select_by_cvar_prefers_the_safe_policy(tmp_path):
+    plain, distributions = _safe_and_risky()
+    report = OPEReport(plain.results, metadata=plain.metadata, distributions=distributions)
+    assert report.select(1, by="WIS") == ["risky"]  # the higher mean
+    assert report.select(1, by="WIS", risk="lcb") == ["risky"]  # its lower bound still beats 0.5
+    assert report.select(1, risk="cvar") == ["safe"]  # its worst 20% earn 0.5, the risky policy's -0.5
+    assert report.select(2, risk="cvar", criterion="ci_low") == ["safe", "risky"]
+    cvar = report.distribution_estimates("CD-SNIS", "cvar")
+    assert cvar["safe"] == pytest.approx(0.5) and cvar["risky"] == pytest.approx(-0.5)
+    frame = report.distribution_frame()
+    assert list(frame.columns) == ["policy", "estimator", "statistic", "value", "ci_low", "ci_high"]
+    assert len(frame) == 8 and set(frame.statistic) == {"mean", "variance", "cvar_0.2", "iqr"}
+    mean = frame[(frame.policy == "risky") & (frame.statistic == "mean")].iloc[0]
+    assert mean.ci_low < 1.25 < mean.ci_high
+    with pytest.raises(ValueError, match="distributions=..."):
+        plain.select(risk="cvar")
+    with pytest.raises(ValueError, match="no return distributions in this report"):
+        report.select(risk="cvar", by="WIS")
+    with pytest.raises(ValueError, match="risk must be"):
+        report.select(risk="variance")
+    with pytest.raises(ValueError, match="that the results lack"):
+        OPEReport(plain.results, distributions={"other": distributions["safe"]})
+    # the page: the CDF figure (one per distributional estimator) and the table of risk measures
+    report.to_html(tmp_path / "r.html")
+    text = (tmp_path / "r.html").read_text()
+    assert text.count("data:image/png;base64,") == 2  # the estimates, then CD-SNIS's CDFs
+    assert "Figure 2. The cumulative distribution function of each policy" in text
+    assert "Return distributions" in text and "CVaR 20%" in text and "interquartile range" in text
+    assert "Return distributions" in report.section_html() and "Return distributions" not in plain.section_html()
+
+
+def test_metrics_add_sharpe_ratio_when_the_data_value_is_known():
+    results = {p: {"X": OPEResult(v, 0.1, v - 0.2, v + 0.2, "X")} for p, v in (("a", 3.0), ("b", 2.0), ("c", 1.0))}
+    true = {"a": 1.0, "b": 4.0, "c": 2.0}
+    report = OPEReport(results, true_values=true, k=2, metadata={"data value": 1.5})
+    # top-2 by estimate: a, b (true 1, 4): (4 - 1.5) / std([1, 4], ddof=1)
+    assert report.metrics().loc["X", "sharpe@2"] == pytest.approx(2.5 / np.std([1.0, 4.0], ddof=1))
+    assert "sharpe@2" not in OPEReport(results, true_values=true, k=2).metrics().columns

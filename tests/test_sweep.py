@@ -172,8 +172,13 @@ def test_experiment_configs_are_valid_and_quickstart_yaml_matches_the_command():
     root = Path(__file__).resolve().parents[1] / "experiments"
     names = sorted(p.name for p in root.glob("*.yaml"))
     assert {"quickstart.yaml", "local_suite.yaml", "d4rl_locomotion.yaml"} <= set(names)
+    from offrl.tune import load_tune_config
+
     for name in names:
-        config = load_config(root / name, check_datasets=False)
+        if name.startswith("tune_"):  # `offrl tune` configs: a sweep config with ranges
+            config = load_tune_config(root / name, check_datasets=False).sweep
+        else:
+            config = load_config(root / name, check_datasets=False)
         assert config.algorithms and config.datasets
     assert yaml.safe_load((root / "quickstart.yaml").read_text()) == QUICKSTART_CONFIG
     suite = load_config(root / "d4rl_locomotion.yaml", check_datasets=False)

@@ -3,7 +3,9 @@
 Episodic (RL) estimators, each `estimate(dataset, policy) -> OPEResult`:
 `FQE`, `ImportanceSampling`, `PerDecisionIS`, `WeightedIS`,
 `WeightedPerDecisionIS`, `DoublyRobust`, `WeightedDoublyRobust`,
-`ModelBased`.  Bandit estimators with Open Bandit Pipeline's interface
+`ModelBased`, and the marginal (state-action density ratio) estimators
+`MarginalIS`, `SelfNormalizedMarginalIS`, `MarginalDR`, `MQL` built on
+`MarginalRatios` (MWL).  Bandit estimators with Open Bandit Pipeline's interface
 (`offrl.ope.bandit`): `IPW`, `SNIPW`, `DirectMethod`, `DR`, `SNDR`,
 `SwitchDR`, `DRShrinkage`, `RegressionModel`.
 
@@ -38,6 +40,7 @@ from offrl.ope.episodic import (
     WeightedPerDecisionIS,
 )
 from offrl.ope.fqe import FQE
+from offrl.ope.marginal import MQL, MarginalDR, MarginalIS, MarginalRatios, SelfNormalizedMarginalIS
 from offrl.ope.harness import benchmark, true_policy_value
 from offrl.ope.model_based import ModelBased
 from offrl.ope.report import OPEReport
@@ -55,6 +58,7 @@ __all__ = [
     "OPEResult", "OPEReport", "OPEWarning",
     "FQE", "ImportanceSampling", "PerDecisionIS", "WeightedIS", "WeightedPerDecisionIS",
     "DoublyRobust", "WeightedDoublyRobust", "ModelBased", "QFunction",
+    "MarginalRatios", "MarginalIS", "SelfNormalizedMarginalIS", "MarginalDR", "MQL",
     "IPW", "SNIPW", "DirectMethod", "BanditDR", "SNDR", "SwitchDR", "DRShrinkage", "RegressionModel",
     "evaluate_bandit",
     "TargetPolicy", "as_target_policy", "BehaviorPolicy", "kernel_bandwidth",

@@ -21,6 +21,7 @@ from offrl.ope.episodic import (
     _ISFamily,
 )
 from offrl.ope.fqe import FQE
+from offrl.ope.marginal import MQL, MarginalDR, MarginalIS, MarginalRatios, SelfNormalizedMarginalIS, _MarginalEstimator
 from offrl.ope.model_based import ModelBased
 from offrl.ope.report import OPEReport
 from offrl.ope.results import INTERVALS, OPEResult, OPEWarning, check_alpha, check_gamma, check_horizon
@@ -36,6 +37,10 @@ ESTIMATORS = {
     "DR": DoublyRobust,
     "WDR": WeightedDoublyRobust,
     "MB": ModelBased,
+    "MIS": MarginalIS,
+    "SNMIS": SelfNormalizedMarginalIS,
+    "MDR": MarginalDR,
+    "MQL": MQL,
 }
 DEFAULT_ESTIMATORS = ("FQE", "IS", "PDIS", "WIS", "WPDIS", "DR", "WDR")
 
@@ -52,7 +57,7 @@ def estimator_key(name: str) -> str:
 
 
 def make_estimator(name: str, **params: Any) -> Any:
-    """An episodic estimator by short name (FQE, IS, PDIS, WIS, WPDIS, DR, WDR, MB) or class name
+    """An episodic estimator by short name (FQE, IS, PDIS, WIS, WPDIS, DR, WDR, MB, MIS, SNMIS, MDR, MQL) or class name
     (e.g. "PerDecisionIS", "DoublyRobust"), case-insensitive."""
     cls = ESTIMATORS[estimator_key(name)]
     valid = cls().get_params()
@@ -96,6 +101,9 @@ def evaluate(
     bandwidth: Any = "scott",
     fqe_params: Mapping[str, Any] | None = None,
     mb_params: Mapping[str, Any] | None = None,
+    marginal_params: Mapping[str, Any] | None = None,
+    distributional: Sequence[Any] | None = None,
+    cvar_alpha: float = 0.1,
     k: int = 1,
     safety_threshold: float | None = None,
     random_state: Any = 0,
@@ -104,13 +112,23 @@ def evaluate(
     """Estimate the value of each policy with each estimator; returns an `OPEReport`.
 
     `estimators`: names ("FQE", "IS", "PDIS", "WIS", "WPDIS", "DR", "WDR",
-    "MB") or estimator instances (their `gamma` and `horizon` are set to this
-    call's).  Default: all but MB.  The behaviour log-probabilities are
+    "MB", and the marginal "MIS", "SNMIS", "MDR", "MQL") or estimator
+    instances (their `gamma` and `horizon` are set to this call's).
+    Default: all but MB and the marginal ones.  The behaviour log-probabilities are
     computed once (logged, or estimated, see `estimate_behavior`); an
     estimated model's held-out log-likelihood goes into the IS/DR results'
     diagnostics (`behavior_heldout_loglik`, nats per transition) and the
     report.  FQE is fitted once per policy and shared by DR and WDR; the MB
-    model is fitted once.  `fqe_params` / `mb_params` go to FQE / ModelBased.
+    model is fitted once; the marginal estimators share one `MarginalRatios`
+    fit per policy (and MDR the FQE fit).  `fqe_params` / `mb_params` /
+    `marginal_params` go to FQE / ModelBased / the marginal estimators
+    (features, n_features, ridge, ...).
+
+    `distributional`: distributional estimators ("CD-IS", "CD-SNIS",
+    "CD-DM", "CD-DR", "CD-SNDR") whose estimated return CDFs (with mean,
+    variance, CVaR at `cvar_alpha` and interquartile range, each with an
+    interval) go into the report (`report.distributions`, the CDF figure,
+    `select(risk="cvar")`).  They share this call's behaviour estimate.
     `reward_bound` and `weight_bound` are guaranteed ranges of the rewards
     and importance weights for the "hoeffding" / "bernstein" intervals
     (without them the observed ranges are used, and the results say so).
@@ -133,7 +151,8 @@ def evaluate(
     for spec in (DEFAULT_ESTIMATORS if estimators is None else estimators):
         if isinstance(spec, str):
             key = estimator_key(spec)
-            extra = dict(fqe_params or {}) if key == "FQE" else dict(mb_params or {}) if key == "MB" else {}
+            extra = (dict(fqe_params or {}) if key == "FQE" else dict(mb_params or {}) if key == "MB"
+                     else dict(marginal_params or {}) if issubclass(ESTIMATORS[key], _MarginalEstimator) else {})
             est = make_estimator(spec, **{**common, **extra})
         else:
             est = sklearn.base.clone(spec)
@@ -146,8 +165,10 @@ def evaluate(
         raise ValueError(f"estimator names must be unique, got {names}")
     needs_weights = any(isinstance(e, (_ISFamily, _DRFamily)) for e in ests)
     needs_fqe = any(isinstance(e, FQE) for e in ests) or any(
-        isinstance(e, _DRFamily) and e.q_function is None for e in ests)
-    b_log_probs = estimate_behavior(dataset, behavior) if needs_weights else None
+        isinstance(e, (_DRFamily, MarginalDR)) and e.q_function is None for e in ests)
+    marginal_template = next((e for e in ests if isinstance(e, _MarginalEstimator)), None)
+    needs_behaviour = needs_weights or bool(distributional)
+    b_log_probs = estimate_behavior(dataset, behavior) if needs_behaviour else None
     fqe_template = next((e for e in ests if isinstance(e, FQE)), None)
     if fqe_template is None:
         fqe_template = FQE(**{**{k_: v for k_, v in common.items() if k_ in FQE().get_params()}, **dict(fqe_params or {})})
@@ -159,7 +180,9 @@ def evaluate(
         per_policy: dict[str, OPEResult] = {}
         ratios = log_importance_ratios(dataset, policy, behavior_log_probs_=b_log_probs, bandwidth=bandwidth) \
             if needs_weights else None
-        fqe = None
+        fqe = ratios_fit = None
+        if marginal_template is not None:
+            ratios_fit = MarginalRatios(**marginal_template.ratio_params()).fit(dataset, policy)
         if needs_fqe:
             fqe = sklearn.base.clone(fqe_template).fit(dataset, policy=policy)
         for est, name in zip(ests, names):
@@ -168,6 +191,11 @@ def evaluate(
             elif isinstance(est, _DRFamily):
                 per_policy[name] = est.estimate(dataset, policy, log_ratios=ratios,
                                                 q_function=est.q_function if est.q_function is not None else fqe)
+            elif isinstance(est, MarginalDR):
+                per_policy[name] = est.estimate(dataset, policy, ratios=_shared(ratios_fit, est),
+                                                q_function=est.q_function if est.q_function is not None else fqe)
+            elif isinstance(est, _MarginalEstimator):
+                per_policy[name] = est.estimate(dataset, policy, ratios=_shared(ratios_fit, est))
             elif isinstance(est, _ISFamily):
                 per_policy[name] = est.estimate(dataset, policy, log_ratios=ratios)
             elif isinstance(est, ModelBased):
@@ -190,4 +218,18 @@ def evaluate(
         metadata["data value"] = logged_value(dataset, gamma, horizon)
     if b_log_probs is not None:
         metadata["behaviour policy"] = b_log_probs.description
-    return OPEReport(results, true_values=true_values, k=k, safety_threshold=safety_threshold, metadata=metadata)
+    distributions = None
+    if distributional:
+        from offrl.ope.distributional import evaluate_distributions
+
+        distributions = evaluate_distributions(
+            policies, dataset, list(distributional), gamma=gamma, horizon=horizon, bandwidth=bandwidth, alpha=alpha,
+            cvar_alpha=cvar_alpha, n_bootstrap=min(int(n_bootstrap), 500), random_state=random_state,
+            mb_params=mb_params, behavior_log_probs=b_log_probs)
+    return OPEReport(results, true_values=true_values, k=k, safety_threshold=safety_threshold, metadata=metadata,
+                     distributions=distributions)
+
+
+def _shared(ratios: MarginalRatios, est: Any) -> MarginalRatios | None:
+    """The shared ratio fit when `est` asks for the same one (else None: the estimator fits its own)."""
+    return ratios if est.ratio_params() == ratios.get_params() else None

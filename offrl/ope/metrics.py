@@ -9,6 +9,10 @@ the same order (arrays, or dicts keyed by policy name).
 - `spearman_rank_correlation`: Spearman's rho between V_hat and V (ties get average ranks).
 - `regret_at_k`: (max V - max of V over the top-k policies by V_hat) / (max V - min V)  (DOPE).
 - `precision_at_k`: |top-k by V_hat  ∩  top-k by V| / k.
+- `sharpe_ratio_at_k`: SCOPE-RL's SharpeRatio@k, the risk-return score of the top-k policies by V_hat:
+  max(best@k - J(pi_b), 0) / std@k, with best@k and std@k (ddof=1, as SCOPE-RL's code) the maximum and
+  standard deviation of the true values of those k policies and J(pi_b) the behaviour policy's value
+  (nan for k = 1).
 - `safety_errors`: with safe meaning value >= threshold,
   type I error rate = share of truly safe policies estimated unsafe,
   type II error rate = share of truly unsafe policies estimated safe
@@ -30,6 +34,7 @@ __all__ = [
     "spearman_rank_correlation",
     "regret_at_k",
     "precision_at_k",
+    "sharpe_ratio_at_k",
     "safety_errors",
     "selection_metrics",
 ]
@@ -123,6 +128,33 @@ def precision_at_k(estimates: Any, true_values: Any, k: int = 1) -> float:
     return len(set(_top_k(est, k).tolist()) & set(_top_k(true, k).tolist())) / k
 
 
+def sharpe_ratio_at_k(estimates: Any, true_values: Any, k: int, behavior_value: float) -> float:
+    """SCOPE-RL's SharpeRatio@k: the return over the behaviour policy of deploying the top-k policies by V_hat,
+    per unit of the spread of their true values.
+
+        SharpeRatio@k = max(best@k - J(pi_b), 0) / std@k
+
+    best@k and std@k are the maximum and the standard deviation of the true values of the k policies with the
+    highest estimates (ties: the earlier policy first).  std@k uses ddof=1 and the numerator is clipped at 0, as
+    SCOPE-RL's code does (its documentation writes the std with 1/k).  So k = 1 gives nan (the std of one value
+    is undefined), as in SCOPE-RL; for k >= 2, std@k = 0 gives inf when best@k > J(pi_b) and nan when not.
+    k above the number of policies uses them all.
+    """
+    est, true = _pair(estimates, true_values)
+    k = _check_k(k, len(est))
+    behavior_value = float(behavior_value)
+    if not np.isfinite(behavior_value):
+        raise ValueError(f"behavior_value must be finite, got {behavior_value}")
+    top = true[_top_k(est, k)]
+    gain = max(float(top.max()) - behavior_value, 0.0)
+    if k < 2:
+        return float("nan")
+    std = float(np.std(top, ddof=1))
+    if std == 0.0:
+        return float("inf") if gain > 0 else float("nan")
+    return gain / std
+
+
 def safety_errors(estimates: Any, true_values: Any, threshold: float) -> dict[str, float]:
     """Type I / II error rates of calling a policy safe (value >= threshold) from its estimate.
 
@@ -140,9 +172,10 @@ def safety_errors(estimates: Any, true_values: Any, threshold: float) -> dict[st
     }
 
 
-def selection_metrics(estimates: Any, true_values: Any, k: int = 1, safety_threshold: float | None = None
-                      ) -> dict[str, float]:
-    """Every metric above for one estimator, as a flat dict (relative error averaged over policies)."""
+def selection_metrics(estimates: Any, true_values: Any, k: int = 1, safety_threshold: float | None = None,
+                      behavior_value: float | None = None) -> dict[str, float]:
+    """Every metric above for one estimator, as a flat dict (relative error averaged over policies);
+    `sharpe@k` only when `behavior_value` (the behaviour policy's value) is given."""
     est, true = _pair(estimates, true_values)
     out: dict[str, float] = {}
     out["relative_error"] = float(np.mean(relative_error(est, true))) if np.all(true != 0) else float("nan")
@@ -153,6 +186,8 @@ def selection_metrics(estimates: Any, true_values: Any, k: int = 1, safety_thres
     out["spearman"] = spearman_rank_correlation(est, true)
     out[f"regret@{k}"] = regret_at_k(est, true, k) if span > 0 else 0.0
     out[f"precision@{k}"] = precision_at_k(est, true, k)
+    if behavior_value is not None:
+        out[f"sharpe@{k}"] = sharpe_ratio_at_k(est, true, k, behavior_value)
     if safety_threshold is not None:
         errors = safety_errors(est, true, safety_threshold)
         out["type_i_error_rate"] = errors["type_i_error_rate"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
@@ -13,6 +13,9 @@ from offrl import _html
 from offrl.datasets.core import atomic_write_path
 from offrl.ope.metrics import selection_metrics
 from offrl.ope.results import OPEResult
+
+if TYPE_CHECKING:
+    from offrl.ope.distributional import ReturnDistribution
 
 __all__ = ["OPEReport", "estimator_family", "logged_value"]
 
@@ -27,7 +30,10 @@ class OPEReport:
 
     `true_values` (policy -> value), when known, enables `metrics()` and the
     estimated-vs-true plot.  `k` and `safety_threshold` set the defaults of
-    the selection metrics.
+    the selection metrics.  `distributions` (policy -> estimator ->
+    `ReturnDistribution`, e.g. from `offrl.ope.distributional.evaluate_distributions`)
+    adds the return CDFs: `select(risk="cvar")`, `distribution_frame()`, and a
+    CDF plot and a table of risk measures in the HTML page.
     """
 
     def __init__(
@@ -38,6 +44,7 @@ class OPEReport:
         k: int = 1,
         safety_threshold: float | None = None,
         metadata: Mapping[str, Any] | None = None,
+        distributions: Mapping[str, Mapping[str, "ReturnDistribution"]] | None = None,
     ) -> None:
         self.results = {str(p): dict(r) for p, r in results.items()}
         if not self.results:
@@ -50,6 +57,16 @@ class OPEReport:
         self.k = int(k)
         self.safety_threshold = safety_threshold
         self.metadata = dict(metadata or {})
+        self.distributions = {str(p): dict(d) for p, d in (distributions or {}).items()}
+        unknown = [p for p in self.distributions if p not in self.results]
+        if unknown:
+            raise ValueError(f"distributions has policies {unknown} that the results lack; pass the distributions of "
+                             f"the same policies")
+        for per_policy in self.distributions.values():
+            for name, dist in per_policy.items():
+                if not (hasattr(dist, "cdf") and hasattr(dist, "grid") and hasattr(dist, "cvar")):
+                    raise TypeError(f"distributions[...][{name!r}] must be a ReturnDistribution, got "
+                                    f"{type(dist).__name__}")
 
     # ------------------------------------------------------------------ views
     @property
@@ -60,6 +77,16 @@ class OPEReport:
     def estimators(self) -> list[str]:
         names: list[str] = []
         for per_policy in self.results.values():
+            for name in per_policy:
+                if name not in names:
+                    names.append(name)
+        return names
+
+    @property
+    def distribution_estimators(self) -> list[str]:
+        """The distributional estimators (CD-SNIS, ...) in the order they appear."""
+        names: list[str] = []
+        for per_policy in self.distributions.values():
             for name in per_policy:
                 if name not in names:
                     names.append(name)
@@ -95,20 +122,27 @@ class OPEReport:
         return pd.DataFrame(rows)
 
     def metrics(self, k: int | None = None, safety_threshold: float | None = None) -> Any:
-        """Per-estimator selection metrics against the true values (a DataFrame indexed by estimator)."""
+        """Per-estimator selection metrics against the true values (a DataFrame indexed by estimator).
+
+        With k >= 2 and the logged data's value in the metadata ("data value", set by `evaluate`), SCOPE-RL's
+        SharpeRatio@k (`sharpe@k`) is included."""
         import pandas as pd
 
         if self.true_values is None:
             raise ValueError("metrics need true values: pass true_values=... (or use offrl.ope.benchmark)")
         k = self.k if k is None else int(k)
         threshold = self.safety_threshold if safety_threshold is None else safety_threshold
+        data_value = self.metadata.get("data value")  # the logged data's value: SharpeRatio@k's baseline J(pi_b)
+        # SharpeRatio@k divides by the spread of the top k's true values: it needs k >= 2
+        behavior_value = float(data_value) if _finite(data_value) and k >= 2 else None
         rows = {}
         for estimator in self.estimators:
             est = self.estimates(estimator)
             true = {p: self.true_values[p] for p in est}
             if len(est) < 1:
                 continue
-            row = selection_metrics(est, true, k=min(k, len(est)), safety_threshold=threshold)
+            row = selection_metrics(est, true, k=min(k, len(est)), safety_threshold=threshold,
+                                    behavior_value=behavior_value)
             row["coverage"] = float(np.mean([self.results[p][estimator].ci_low <= true[p] <= self.results[p][estimator].ci_high
                                              for p in est]))
             rows[estimator] = row
@@ -116,17 +150,72 @@ class OPEReport:
         frame.index.name = "estimator"
         return frame
 
-    def select(self, k: int = 1, by: str | None = None, criterion: str = "value") -> list[str]:
+    def select(self, k: int = 1, by: str | None = None, criterion: str = "value", risk: str | None = None
+               ) -> list[str]:
         """The k policies with the highest estimate of estimator `by` (default: FQE if present, else the first).
 
-        criterion="ci_low" ranks by the lower confidence bound (a cautious choice).
+        criterion="ci_low" ranks by the lower confidence bound (a cautious choice).  `risk`: None or "mean"
+        ranks by the estimated value as above; "lcb" by the lower confidence bound of `by`'s value; "cvar" by
+        the CVaR (the mean of the worst `cvar_alpha` share of returns) of distributional estimator `by`
+        (default: the first in `distributions`), or by its interval's end with criterion "ci_low" / "ci_high".
         """
         if int(k) < 1:
             raise ValueError(f"k must be at least 1, got {k}")
-        by = by or ("FQE" if "FQE" in self.estimators else self.estimators[0])
-        values = self.estimates(by, criterion)
+        if risk in (None, "mean"):
+            by = by or ("FQE" if "FQE" in self.estimators else self.estimators[0])
+            values = self.estimates(by, criterion)
+        elif risk == "lcb":
+            if criterion not in ("value", "ci_low"):
+                raise ValueError(f"risk='lcb' ranks by the lower confidence bound; criterion={criterion!r} contradicts it")
+            by = by or ("FQE" if "FQE" in self.estimators else self.estimators[0])
+            values = self.estimates(by, "ci_low")
+        elif risk == "cvar":
+            values = self.distribution_estimates(by, "cvar", criterion)
+        else:
+            raise ValueError(f"risk must be None, 'mean', 'lcb' or 'cvar', got {risk!r}")
         order = sorted(values, key=lambda p: -values[p])
         return order[: int(k)]
+
+    def distribution_estimates(self, estimator: str | None = None, statistic: str = "cvar",
+                               criterion: str = "value") -> dict[str, float]:
+        """policy -> a statistic ("mean", "variance", "cvar", "iqr") of distributional estimator `estimator`
+        (default: the first), its point estimate or its interval's `ci_low` / `ci_high`."""
+        if not self.distributions:
+            raise ValueError("this report has no return distributions; pass distributions=... to OPEReport (from "
+                             "offrl.ope.distributional.evaluate_distributions) to rank by a risk measure")
+        names = self.distribution_estimators
+        estimator = names[0] if estimator is None else estimator
+        if estimator not in names:
+            raise ValueError(f"{estimator!r} has no return distributions in this report; the distributional "
+                             f"estimators are {names}")
+        if criterion not in ("value", "ci_low", "ci_high"):
+            raise ValueError(f"criterion must be 'value', 'ci_low' or 'ci_high', got {criterion!r}")
+        if statistic not in ("mean", "variance", "cvar", "iqr"):
+            raise ValueError(f"statistic must be 'mean', 'variance', 'cvar' or 'iqr', got {statistic!r}")
+        position = ("value", "ci_low", "ci_high").index(criterion)
+        out = {}
+        for policy, per_policy in self.distributions.items():
+            dist = per_policy.get(estimator)
+            if dist is None:
+                continue
+            value = _distribution_statistics(dist)[_statistic_key(dist, statistic)][position]
+            if not _finite(value):
+                raise ValueError(f"{estimator}'s {statistic} {criterion} of {policy} is not finite ({value}); "
+                                 f"estimate the distribution with n_bootstrap > 0 for intervals")
+            out[policy] = float(value)
+        return out
+
+    def distribution_frame(self) -> Any:
+        """One row per (policy, distributional estimator, statistic): value, ci_low, ci_high."""
+        import pandas as pd
+
+        rows = []
+        for policy, per_policy in self.distributions.items():
+            for estimator, dist in per_policy.items():
+                for statistic, (value, low, high) in _distribution_statistics(dist).items():
+                    rows.append({"policy": policy, "estimator": estimator, "statistic": statistic,
+                                 "value": float(value), "ci_low": float(low), "ci_high": float(high)})
+        return pd.DataFrame(rows, columns=["policy", "estimator", "statistic", "value", "ci_low", "ci_high"])
 
     def to_csv(self, path: str | os.PathLike) -> None:
         """Write `to_frame()` as CSV (atomically)."""
@@ -318,6 +407,8 @@ class OPEReport:
             if family == "model":
                 text = "no importance weights are used, so long episodes and rare actions cannot make the estimate collapse"
                 a.positives.insert(0, (text, text))
+            if family == "marginal":
+                self._assess_marginal(a, results)
             if len(ens) and np.max(ens) > 0:
                 if len(results) > 1 and spread > 0 and float(np.median(ens)) > 0.5 * spread:
                     a.raise_to(1, f"the ensemble members disagree by about {_html.fmt(float(np.median(ens)))}, "
@@ -365,10 +456,31 @@ class OPEReport:
             out[estimator] = a
         return out
 
+    @staticmethod
+    def _assess_marginal(a: "_Assessment", results: Mapping[str, OPEResult]) -> None:
+        """Learned occupancy ratios: their mass, sign and spread say whether the feature class fits the data."""
+        text = "the weights are learned occupancy ratios, with no product over steps"
+        a.positives.insert(0, (text, text))
+        mass = {p: float(r.diagnostics["ratio_mass"]) for p, r in results.items() if _finite(r.diagnostics.get("ratio_mass"))}
+        off = [p for p, m in mass.items() if abs(m - 1.0) > 0.2]
+        if off:
+            worst = max(off, key=lambda p: abs(mass[p] - 1.0))
+            a.raise_to(1, f"the learned ratios' total mass is {_html.fmt(mass[worst], 2)} of the 1.0 it must be "
+                          f"(for {_html.join_words(off)}): the features cannot express the occupancy ratio or the data "
+                          f"do not cover the policy")
+        negative = {p: float(r.diagnostics.get("negative_weight_share") or 0.0) for p, r in results.items()}
+        if max(negative.values(), default=0.0) > 0.1:
+            a.raise_to(1, f"up to {max(negative.values()):.0%} of the learned ratios are negative, which a density "
+                          f"ratio cannot be")
+        frac = [float(r.diagnostics["ess_fraction"]) for r in results.values() if _finite(r.diagnostics.get("ess_fraction"))]
+        if frac and min(frac) < 0.01:
+            a.raise_to(1, f"the ratios concentrate on few transitions (effective sample size down to "
+                          f"{min(frac):.1%} of the transitions)")
+
     def _chosen_estimator(self) -> str:
         """The most trustworthy estimator: best verdict, then fitted models before DR before IS, then report order."""
         assessed = self._assessments()
-        order = {"model": 0, "dr": 1, "is": 2, "pdis": 2, "other": 3}
+        order = {"model": 0, "dr": 1, "marginal": 1, "is": 2, "pdis": 2, "other": 3}
         names = self.estimators
         return min(names, key=lambda e: (assessed[e].verdict, order[assessed[e].family], names.index(e)))
 
@@ -558,6 +670,60 @@ class OPEReport:
             ax.axis("off")
         fig.tight_layout()
         return _html.png_base64(fig, dpi=100)
+
+    def _figure_cdfs(self, estimator: str) -> str:
+        """Every policy's estimated return CDF by one distributional estimator, on one axis."""
+        import matplotlib
+
+        matplotlib.use("Agg", force=False)
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(8.5, 4.4))
+        low = min(float(per[estimator].grid[0]) for per in self.distributions.values() if estimator in per)
+        high = max(float(per[estimator].grid[-1]) for per in self.distributions.values() if estimator in per)
+        pad = 0.03 * max(high - low, 1e-9)
+        for j, (policy, per_policy) in enumerate(self.distributions.items()):
+            dist = per_policy.get(estimator)
+            if dist is None:
+                continue
+            x = np.concatenate([[low - pad], dist.grid, [high + pad]])
+            y = np.concatenate([[0.0], dist.cdf, [dist.cdf[-1]]])
+            ax.step(x, y, where="post", color=f"C{j % 10}", lw=1.6, label=policy)
+        ax.set_xlabel("discounted return")
+        ax.set_ylabel("estimated P(return <= x)")
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_title(estimator, fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=9, loc="upper left", frameon=False)
+        fig.tight_layout()
+        return _html.png_base64(fig, dpi=100)
+
+    def _distribution_table_html(self) -> str:
+        """Mean, variance, CVaR and interquartile range of each policy's return, per distributional estimator."""
+        alphas = sorted({float(d.cvar_alpha) for per in self.distributions.values() for d in per.values()})
+        cvar_head = f"CVaR {alphas[0]:.0%}" if len(alphas) == 1 else "CVaR"
+        header = ["policy", "estimator", "mean", "variance", cvar_head, "interquartile range"]
+        rows = []
+        for policy, per_policy in self.distributions.items():
+            for estimator, dist in per_policy.items():
+                stats = _distribution_statistics(dist)
+                cells = []
+                for statistic in ("mean", "variance", "cvar", "iqr"):
+                    value, low, high = stats[_statistic_key(dist, statistic)]
+                    cell = (_html.interval_cell(value, low, high) if _finite(low) and _finite(high)
+                            else _html.esc(_html.fmt(value)))
+                    if statistic == "cvar" and len(alphas) > 1:
+                        cell += f" <span class='ci'>(worst {float(dist.cvar_alpha):.0%})</span>"
+                    cells.append(cell)
+                rows.append([_html.esc(policy), _html.esc(estimator)] + cells)
+        levels = sorted({float(d.alpha) for per in self.distributions.values() for d in per.values()})
+        level = ", ".join(f"{100 * (1 - a):g}%" for a in levels)
+        worst = f"the worst {alphas[0]:.0%}" if len(alphas) == 1 else "the worst share of returns given in the cell"
+        caption = (f"Each policy's discounted return read from its estimated distribution: mean, variance, CVaR (the "
+                   f"mean of {worst} of returns; higher is safer) and interquartile range (the spread of the middle "
+                   f"half), each as value [low, high] with {level} percentile-bootstrap intervals over episodes. "
+                   f"select(risk='cvar') ranks the policies by the CVaR.")
+        return _html.table(header, rows, caption=_html.esc(caption), numeric=[False, False, True, True, True, True])
 
     def _estimates_table_html(self) -> str:
         assessed = self._assessments()
@@ -754,7 +920,9 @@ class OPEReport:
         """The estimates table and which estimators to trust (with the grouped warnings), as HTML under headings
         of `level`, without plots: for embedding in another page (the quickstart's report.html)."""
         h, sub = f"h{level}", f"h{level + 1}"
-        return (f"<{h}>Estimates</{h}>" + self._estimates_table_html()
+        distributions = (f"<{h}>Return distributions</{h}>" + self._distribution_table_html()
+                         if self.distributions else "")
+        return (f"<{h}>Estimates</{h}>" + self._estimates_table_html() + distributions
                 + f"<{h}>Which estimators to trust, and why</{h}>"
                 + self._trust_html().replace("<h3>", f"<{sub}>").replace("</h3>", f"</{sub}>"))
 
@@ -779,6 +947,15 @@ class OPEReport:
                          f"estimator's estimates against the true values, one point per policy, with intervals; "
                          f"dashed: estimate = true value. An estimator that ranks the policies well keeps the points "
                          f"rising from left to right (its Spearman correlation is in the title).</figcaption></figure>")
+        number = 3 if self.true_values is not None else 2
+        for estimator in self.distribution_estimators:
+            parts.append(f"<figure><img alt='estimated return distributions by {_html.esc(estimator)}' "
+                         f"src='data:image/png;base64,{self._figure_cdfs(estimator)}'><figcaption>Figure {number}. "
+                         f"The cumulative distribution function of each policy's discounted return, estimated by "
+                         f"{_html.esc(estimator)}: the share of episodes whose return is at most x. A curve further "
+                         f"right is better; a curve that rises early has a risk of low returns (its CVaR, the mean "
+                         f"of the worst returns, is in the return-distribution table).</figcaption></figure>")
+            number += 1
         settings = self._settings_html()
         if settings:
             parts += ["<h2>Settings</h2>", settings]
@@ -808,15 +985,20 @@ _FAMILIES = {
     "pdis": ("per-decision importance sampling", "{They} reweight{s} each reward by the probability ratio of the "
                                                  "actions taken up to that step; less variance than whole-{unit} "
                                                  "weights, but the same product over steps"),
+    "marginal": ("marginal importance sampling", "{They} reweight{s} each logged transition by a learned ratio of "
+                                                 "the evaluated policy's state-action occupancy to the data's, so no "
+                                                 "product over steps enters; the ratios are only as good as their "
+                                                 "feature class and the data's coverage"),
     "other": ("other estimators", ""),
 }
 _FAMILY_OF_NAME = {"fqe": "model", "mb": "model", "dm": "model", "dr": "dr", "wdr": "dr", "sndr": "dr",
                    "switch-dr": "dr", "dr-os": "dr", "is": "is", "wis": "is", "ipw": "is", "snipw": "is",
-                   "pdis": "pdis", "wpdis": "pdis"}
+                   "pdis": "pdis", "wpdis": "pdis", "mis": "marginal", "snmis": "marginal", "mdr": "marginal",
+                   "mql": "model"}
 
 
 def estimator_family(name: str, diagnostics: Mapping[str, Any] | None = None) -> str:
-    """'model', 'dr', 'is', 'pdis' or 'other': by the estimator's short name, else by its diagnostics."""
+    """'model', 'dr', 'is', 'pdis', 'marginal' or 'other': by the estimator's short name, else by its diagnostics."""
     family = _FAMILY_OF_NAME.get(str(name).lower())
     if family is not None:
         return family
@@ -866,6 +1048,21 @@ class _Assessment:
 
     def all_reasons(self) -> list[str]:
         return [text for _, text in self.reasons + self.truth_reasons]
+
+
+def _statistic_key(dist: Any, statistic: str) -> str:
+    return f"cvar_{float(dist.cvar_alpha):g}" if statistic == "cvar" else statistic
+
+
+def _distribution_statistics(dist: Any) -> dict[str, tuple[float, float, float]]:
+    """A distribution's statistics with intervals; those it lacks (a distribution built by hand) computed, without."""
+    stats = dict(getattr(dist, "statistics", {}) or {})
+    computed = {"mean": dist.mean, "variance": dist.variance, _statistic_key(dist, "cvar"): dist.cvar,
+                "iqr": dist.interquartile_range}
+    for key, fn in computed.items():
+        if key not in stats:
+            stats[key] = (float(fn()), math.nan, math.nan)
+    return stats
 
 
 def _finite(value: Any) -> bool:
