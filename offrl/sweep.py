@@ -1293,6 +1293,26 @@ def _ope_failed(run_dir: Path, base: dict[str, Any]) -> dict[str, Any]:
 _NO_TRUTH = "no evaluation environment, so no roll-outs for the true value"
 
 
+def _estimates(algo: Any, dataset: Any, keys: list[str], gamma: float, seed: int, fqe_params: dict[str, Any]
+               ) -> dict[str, Any]:
+    """key -> {value, ci_low, ci_high} of each estimator; one that cannot estimate this policy from these data
+    (e.g. ratios with no mass where it goes) gets {error} and the others are kept (computed one by one then)."""
+    from offrl import ope
+
+    try:
+        report = ope.evaluate({"policy": algo}, dataset, keys, gamma, random_state=seed, fqe_params=fqe_params)
+    except (ValueError, np.linalg.LinAlgError) as err:
+        if len(keys) == 1:
+            return {keys[0]: {"error": f"{type(err).__name__}: {err}"}}
+        out: dict[str, Any] = {}
+        for key in keys:
+            out.update(_estimates(algo, dataset, [key], gamma, seed, fqe_params))
+        return out
+    # results come in the order asked for, so each is stored under the name it was asked by
+    return {key: {"value": float(r.value), "ci_low": float(r.ci_low), "ci_high": float(r.ci_high)}
+            for key, r in zip(keys, report.results["policy"].values())}
+
+
 def _run_ope(algo: Any, dataset: Any, env: str | None, ope_cfg: Mapping[str, Any], seed: int,
              previous: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """OPE estimates of this run's policy from its dataset, next to its true discounted value from roll-outs
@@ -1310,12 +1330,7 @@ def _run_ope(algo: Any, dataset: Any, env: str | None, ope_cfg: Mapping[str, Any
     gamma = float(ope_cfg["gamma"])
     out: dict[str, Any] = {k: v for k, v in previous.items() if k not in ("true_value", "no_truth", "settings")}
     if todo:
-        report = ope.evaluate({"policy": algo}, dataset, todo, gamma, random_state=seed,
-                              fqe_params=dict(ope_cfg.get("fqe_params") or {}))
-        # results come in the order asked for, so each is stored under the name it was asked by
-        for key, result in zip(todo, report.results["policy"].values()):
-            out[key] = {"value": float(result.value), "ci_low": float(result.ci_low),
-                        "ci_high": float(result.ci_high)}
+        out.update(_estimates(algo, dataset, todo, gamma, seed, dict(ope_cfg.get("fqe_params") or {})))
     truth = previous.get("true_value")
     if env is None:
         out.update({"true_value": None, "no_truth": _NO_TRUTH})

@@ -62,6 +62,9 @@ _RANGE_KEYS = {"low", "high", "log", "step"}
 _NOT_PARAMS = {"algorithm", "labelers", "online"}
 # Options of `offrl.ope.evaluate` an objective may set; everything else goes to the objective's model.
 _EVALUATE_OPTIONS = {"interval", "alpha", "n_bootstrap", "horizon", "reward_bound", "weight_bound", "bandwidth"}
+# The marginal estimators' own settings (offrl.ope.MarginalRatios), passed to evaluate as marginal_params.
+_MARGINAL = {"MIS", "SNMIS", "MDR", "MQL"}
+_MARGINAL_PARAMS = {"features", "n_features", "lengthscale", "ridge", "n_action_samples"}
 # What tune sets itself, and from what.
 _SET_BY_TUNE = {"gamma": "the config's ope.gamma (default 0.99)", "random_state": "the seed (--seed)"}
 # Estimators that weigh logged actions by the behaviour policy: its log-probabilities are computed once per study.
@@ -354,8 +357,18 @@ def _split_objective_params(key: str, params: Mapping[str, Any] | None, device: 
     from offrl.ope import FQE, ModelBased
 
     params = dict(params or {})
+    marginal: dict[str, Any] = {}
+    if key in _MARGINAL:  # the ratio features and ridge; MDR's Q is an FQE with the remaining parameters
+        marginal = {k: params.pop(k) for k in list(params) if k in _MARGINAL_PARAMS}
+        if marginal.get("features", "auto") not in ("auto", "tabular", "rff"):
+            raise ValueError(f"objective_params: features must be 'auto', 'tabular' or 'rff', got {marginal['features']!r}")
+        for name in ("n_features", "n_action_samples"):
+            if name in marginal and (not isinstance(marginal[name], int) or marginal[name] < 1):
+                raise ValueError(f"objective_params: {name} must be a positive integer, got {marginal[name]!r}")
+        if marginal.get("ridge") is not None and not (isinstance(marginal["ridge"], (int, float)) and marginal["ridge"] >= 0):
+            raise ValueError(f"objective_params: ridge must be a non-negative number, got {marginal['ridge']!r}")
     model = ModelBased if key == "MB" else FQE
-    valid = set(model().get_params())
+    valid = set(model().get_params()) | _MARGINAL_PARAMS if key in _MARGINAL else set(model().get_params())
     for name in params:
         if name in _SET_BY_TUNE:
             raise ValueError(f"objective_params: {name} is set by tune, from {_SET_BY_TUNE[name]}")
@@ -375,6 +388,8 @@ def _split_objective_params(key: str, params: Mapping[str, Any] | None, device: 
         raise ValueError(f"objective_params: {err}") from None
     if "device" in valid:
         model_params.setdefault("device", device)
+    if marginal:
+        options["marginal_params"] = marginal
     return (options, {} if key == "MB" else model_params, model_params if key == "MB" else {})
 
 
@@ -518,7 +533,10 @@ class _Study:
         def report(estimator: Any, step: int, _metrics: Any) -> bool | None:
             if step % self.report_every and step != self.steps:
                 return None
-            estimate = self.estimate(estimator)
+            try:
+                estimate = self.estimate(estimator)
+            except (ValueError, np.linalg.LinAlgError) as err:  # e.g. data that do not cover this policy
+                raise _TrialFailed(f"the {self.objective} estimate failed at step {step}: {err}") from err
             record["intermediate"].append({"step": step, **estimate})
             if not math.isfinite(estimate["value"]):
                 raise _TrialFailed(f"the {self.objective} estimate is {estimate['value']} at step {step}")
@@ -691,6 +709,11 @@ def _run_study(study: _Study, storage: Any, url: str, trials: int, seed: int, pr
                              f"{', '.join(changed)}; rerun with the same config and options to resume it, or give "
                              "another study name or output folder")
         done = sum(_finished(t) for t in stored.trials)
+    previous = _read_json(study.dir / "study.json")
+    if previous and (previous.get("study_name"), previous.get("storage")) != (study.name, _shown_url(url)):
+        # trial folders are numbered per study: another study here would overwrite and mix them
+        raise ValueError(f"{study.dir} holds the study {previous.get('study_name')!r} in {previous.get('storage')}; "
+                         f"give another --out for the study {study.name!r} in {_shown_url(url)}")
     remaining = trials - done
     if remaining > 0:
         study.prepare()  # the data, before any trial: a dataset OPE cannot use is refused here
@@ -883,20 +906,6 @@ def _markdown_table(frame: Any) -> list[str]:
 
 
 # ---------------------------------------------------------------------------- command line
-def _positive(low: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {value}")
-        return value
-
-    parse.__name__ = f"integer >= {low}"
-    return parse
-
-
 def _setting(text: str) -> tuple[str, Any]:
     name, sep, value = text.partition("=")
     if not sep or not name:
@@ -909,6 +918,8 @@ def _setting(text: str) -> tuple[str, Any]:
 
 def add_tune_parser(commands: Any) -> argparse.ArgumentParser:
     """Register `offrl tune` on the `offrl` parser's subparsers (its func, and the error prefix the CLI uses)."""
+    from offrl.cli import _count as _positive  # the CLI's integer-option type (cli.build_parser calls this)
+
     parser = commands.add_parser(
         "tune", help="search a sweep config's hyper-parameters by an OPE estimate (optuna, no env needed)",
         description="Search a sweep config's grid (lists) and ranges ({low, high, log, step}) with optuna's TPE "

@@ -107,7 +107,6 @@ def test_marginal_estimators_are_consistent(problem, horizon, gamma):
             res = cls(gamma=gamma, horizon=horizon, interval="t").estimate(ds, policy, ratios=ratios)
             errors[cls.name].append(abs(res.value - true))
         zero_q = QFunction(lambda o, a, *_: np.zeros(len(o)), v=lambda o, *_: np.zeros(len(o)))
-        zero_q.horizon = horizon
         res = MarginalDR(gamma=gamma, horizon=horizon, interval="t").estimate(ds, policy, ratios=ratios, q_function=zero_q)
         errors["MDR"].append(abs(res.value - true))
     for name, (small, large) in errors.items():
@@ -127,8 +126,7 @@ def test_marginal_dr_is_consistent_with_exact_q_and_wrong_ratios(problem):
     def v(obs, steps_to_go):
         return (q_exact[np.asarray(steps_to_go), obs.argmax(1)] * pe[obs.argmax(1)]).sum(1)
 
-    qf = QFunction(q, v=v)
-    qf.horizon = H
+    qf = QFunction(q, v=v)  # plain callables: the steps to go come as their third argument
     ds = mdp.sample(pb, 3000, horizon=H, seed=7)
     bad = MarginalRatios(gamma=GAMMA, horizon=H, ridge=10.0).fit(ds, tabular_policy(pe))
     true = mdp.value(pe, GAMMA, H)
@@ -198,3 +196,41 @@ def test_estimators_clone_and_refuse_bad_input(problem):
     ratios = MarginalRatios(gamma=0.9).fit(ds, tabular_policy(pe))
     with pytest.raises(ValueError, match="another dataset"):
         MarginalIS(gamma=0.9).estimate(other, tabular_policy(pe), ratios=ratios)
+
+
+@pytest.mark.parametrize("ridge,transpose", [(0.1, False), (0.1, True), (1e-3, False)])
+def test_influence_terms_are_the_derivative_of_the_fit(problem, ridge, transpose):
+    # moving episode i's weight by eps changes s'x by eps * (psi_i - V): the delta method, ridge included
+    mdp, pb, pe = problem
+    ds = mdp.sample(pb, 40, horizon=4, seed=5)
+    policy = tabular_policy(pe)
+    r = MarginalRatios(gamma=GAMMA, horizon=4, ridge=ridge).fit(ds, policy)
+    n = r.n_episodes_
+    s_i = r.phi0_ if transpose else r.episode_sums(r.phi_ * r.rewards_[:, None])
+    psi = r.influence(s_i, transpose=transpose)
+    value = psi.mean()
+
+    def refit(weights):
+        wt = weights[r.episode_]  # per transition
+        A = (r.delta_ * wt[:, None]).T @ r.phi_ / n
+        b = (r.phi0_ * weights[:, None]).mean(0)
+        c = (r.phi_ * (r.rewards_ * wt)[:, None]).sum(0) / n
+        s_bar = (s_i * weights[:, None]).mean(0)
+        P, q = (A.T, c) if transpose else (A, b)
+        gram = P.T @ P
+        lam = ridge * np.trace(gram) / len(gram)
+        return s_bar @ np.linalg.solve(gram + lam * np.eye(len(gram)), P.T @ q)
+
+    eps = 1e-6
+    for i in (0, 7, 23):
+        w = np.ones(n)
+        w += eps * (n * np.eye(n)[i] - 1.0)  # toward episode i, total weight kept
+        assert (refit(w) - value) / eps == pytest.approx(psi[i] - value, rel=1e-3, abs=1e-5)
+
+
+def test_ratios_fitted_for_another_policy_are_refused(problem):
+    mdp, pb, pe = problem
+    ds = mdp.sample(pb, 50, horizon=5, seed=0)
+    ratios = MarginalRatios(gamma=0.9).fit(ds, tabular_policy(pe))
+    with pytest.raises(ValueError, match="another policy"):
+        MarginalIS(gamma=0.9).estimate(ds, tabular_policy(pb), ratios=ratios)

@@ -274,3 +274,25 @@ def test_the_cli_parses_ope_and_refuses_an_unknown_estimator_naming_the_option(t
         assert exit_.value.code == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("offrl sweep: error: argument --ope: ") and needle in err[0]
+
+
+def test_an_estimator_that_fails_is_recorded_and_the_others_kept(monkeypatch):
+    from offrl import ope
+    from offrl.sweep import _estimates
+
+    original = ope.evaluate
+
+    def picky(policies, dataset, estimators, *args, **kwargs):
+        if "MIS" in estimators:
+            raise ValueError("SNMIS: the learned ratios have non-positive total mass")
+        return original(policies, dataset, estimators, *args, **kwargs)
+
+    monkeypatch.setattr(ope, "evaluate", picky)
+    from conftest import pendulum_shaped_dataset
+    from offrl.algos import BC
+
+    data = pendulum_shaped_dataset(n_episodes=3, length=20)
+    bc = BC(n_steps=5, hidden_dims=(8, 8), device="cpu").fit(data, progress=False)
+    out = _estimates(bc, data, ["WPDIS", "MIS"], 0.99, 0, {})
+    assert out["MIS"] == {"error": "ValueError: SNMIS: the learned ratios have non-positive total mass"}
+    assert set(out["WPDIS"]) == {"value", "ci_low", "ci_high"}

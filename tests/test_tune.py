@@ -167,6 +167,47 @@ def test_a_diverged_trial_is_recorded_failed_and_counted(pendulum_npz, tmp_path)
     assert list(tune_report(out)["state"]) == ["FAIL"]
 
 
+def test_a_marginal_objective_takes_its_ratio_settings(pendulum_npz, tmp_path):
+    config = write_config(tmp_path / "tiny.yaml", pendulum_npz, {"BC": {"lr": [1e-3], "hidden_dims": [16, 16]}})
+    out = tmp_path / "out"
+    calls = []
+    original = ope.evaluate
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs.get("marginal_params"))
+        return original(*args, **kwargs)
+
+    import unittest.mock
+
+    with unittest.mock.patch.object(ope, "evaluate", spy):
+        tune(config, objective="MIS", trials=1, out=out, objective_params={"n_features": 20, "ridge": 1e-2},
+             progress=False)
+    record = trial_record(out, 0)
+    assert record["state"] == "COMPLETE" and math.isfinite(record["final_objective"])
+    assert calls and all(c == {"n_features": 20, "ridge": 1e-2} for c in calls)
+    with pytest.raises(ValueError, match="ridge"):
+        tune(config, objective="MIS", trials=1, out=tmp_path / "o2", objective_params={"ridge": -1}, progress=False)
+
+
+def test_an_ope_failure_fails_the_trial_not_the_study(pendulum_npz, tmp_path, monkeypatch):
+    config = write_config(tmp_path / "tiny.yaml", pendulum_npz, {"BC": {"lr": [1e-3], "hidden_dims": [16, 16]}})
+    out = tmp_path / "out"
+
+    def failing(*args, **kwargs):
+        raise ValueError("SNMIS: the learned ratios have non-positive total mass")
+
+    monkeypatch.setattr(ope, "evaluate", failing)
+    result = tune(config, trials=2, out=out, objective_params=FQE_PARAMS, progress=False)
+    assert list(result.frame["state"]) == ["FAIL", "FAIL"]
+    assert "non-positive total mass" in trial_record(out, 0)["error"]
+
+
+def test_another_study_in_the_same_folder_is_refused(resumed):
+    with pytest.raises(ValueError, match="holds the study 'tiny'"):
+        tune(resumed["config"], trials=1, out=resumed["out"], study_name="other", objective_params=FQE_PARAMS,
+             progress=False)
+
+
 def test_one_study_per_dataset_and_algorithm(pendulum_npz, tmp_path):
     algorithms = {"BC-small": {"algorithm": "BC", "hidden_dims": [16, 16], "lr": [1e-3, 3e-3]},
                   "BC-large": {"algorithm": "BC", "hidden_dims": [32, 32], "lr": [1e-3, 3e-3]}}

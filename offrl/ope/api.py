@@ -102,7 +102,7 @@ def evaluate(
     fqe_params: Mapping[str, Any] | None = None,
     mb_params: Mapping[str, Any] | None = None,
     marginal_params: Mapping[str, Any] | None = None,
-    distributional: Sequence[Any] | None = None,
+    distributional: Sequence[Any] | str | None = None,
     cvar_alpha: float = 0.1,
     k: int = 1,
     safety_threshold: float | None = None,
@@ -128,7 +128,9 @@ def evaluate(
     "CD-DM", "CD-DR", "CD-SNDR") whose estimated return CDFs (with mean,
     variance, CVaR at `cvar_alpha` and interquartile range, each with an
     interval) go into the report (`report.distributions`, the CDF figure,
-    `select(risk="cvar")`).  They share this call's behaviour estimate.
+    `select(risk="cvar")`).  They share this call's behaviour estimate, and
+    their bootstrap uses at most 500 resamples (each recomputes every
+    policy's whole CDF).
     `reward_bound` and `weight_bound` are guaranteed ranges of the rewards
     and importance weights for the "hoeffding" / "bernstein" intervals
     (without them the observed ranges are used, and the results say so).
@@ -167,8 +169,7 @@ def evaluate(
     needs_fqe = any(isinstance(e, FQE) for e in ests) or any(
         isinstance(e, (_DRFamily, MarginalDR)) and e.q_function is None for e in ests)
     marginal_template = next((e for e in ests if isinstance(e, _MarginalEstimator)), None)
-    needs_behaviour = needs_weights or bool(distributional)
-    b_log_probs = estimate_behavior(dataset, behavior) if needs_behaviour else None
+    b_log_probs = estimate_behavior(dataset, behavior) if needs_weights else None
     fqe_template = next((e for e in ests if isinstance(e, FQE)), None)
     if fqe_template is None:
         fqe_template = FQE(**{**{k_: v for k_, v in common.items() if k_ in FQE().get_params()}, **dict(fqe_params or {})})
@@ -222,9 +223,11 @@ def evaluate(
     if distributional:
         from offrl.ope.distributional import evaluate_distributions
 
+        specs = [distributional] if isinstance(distributional, str) or not isinstance(distributional, Sequence) \
+            else list(distributional)
         distributions = evaluate_distributions(
-            policies, dataset, list(distributional), gamma=gamma, horizon=horizon, bandwidth=bandwidth, alpha=alpha,
-            cvar_alpha=cvar_alpha, n_bootstrap=min(int(n_bootstrap), 500), random_state=random_state,
+            policies, dataset, specs, gamma=gamma, horizon=horizon, behavior=behavior, bandwidth=bandwidth,
+            alpha=alpha, cvar_alpha=cvar_alpha, n_bootstrap=min(int(n_bootstrap), 500), random_state=random_state,
             mb_params=mb_params, behavior_log_probs=b_log_probs)
     return OPEReport(results, true_values=true_values, k=k, safety_threshold=safety_threshold, metadata=metadata,
                      distributions=distributions)

@@ -124,9 +124,11 @@ class StateActionFeatures:
         self.scale_ = np.where(z.std(0) > 1e-8, z.std(0), 1.0)
         rng = np.random.default_rng(self.random_state)
         if self.lengthscale is None:
+            from scipy.spatial.distance import pdist
+
             zs = (z[rng.choice(len(z), size=min(len(z), 1000), replace=False)] - self.mean_) / self.scale_
-            dist = np.sqrt(((zs[:, None, :] - zs[None, :, :]) ** 2).sum(-1))
-            self.lengthscale_ = float(np.median(dist[np.triu_indices(len(zs), 1)])) or 1.0
+            self.lengthscale_ = float(np.median(pdist(zs))) if len(zs) > 1 else 1.0
+            self.lengthscale_ = self.lengthscale_ or 1.0
         else:
             self.lengthscale_ = float(self.lengthscale)
         self.weights_ = rng.standard_normal((z.shape[1], self.n_features)) / self.lengthscale_
@@ -166,8 +168,17 @@ class StateActionFeatures:
             out = (out[:, :, None] * t[:, None, :]).reshape(len(obs), -1)
         return out
 
+    def _check_steps(self, steps: Any) -> None:
+        if self.horizon_ is None:
+            return
+        t = np.asarray(steps)
+        if t.size and (t.min() < 0 or t.max() >= self.horizon_):
+            raise ValueError(f"steps must lie in [0, {self.horizon_}) (the horizon these features were fitted for), "
+                             f"got {int(t.min())} to {int(t.max())}")
+
     def transform(self, obs: np.ndarray, actions: np.ndarray, steps: np.ndarray | None = None) -> np.ndarray:
         """phi(s, a, t) for logged (obs, action, step) rows."""
+        self._check_steps(steps)
         if self.n_actions_ is not None:
             onehot = np.eye(self.n_actions_)[np.asarray(actions).reshape(len(obs), -1)[:, 0].astype(np.int64)]
             if self.kind_ == "tabular":
@@ -181,6 +192,7 @@ class StateActionFeatures:
         """phi(s, pi, t) = E_{a ~ pi(.|s)} phi(s, a, t)."""
         if len(obs) == 0:
             return np.zeros((0, self.dim))
+        self._check_steps(steps)
         if self.n_actions_ is not None:
             probs = target.probs(obs)
             if self.kind_ == "tabular":
@@ -278,6 +290,7 @@ class MarginalRatios(sklearn.base.BaseEstimator):
         self.rewards_ = np.asarray(dataset.rewards[rows], np.float64)
         self.weights_ = phi @ self.theta_
         self.target_kind_ = target.kind
+        self.policy_ = policy  # estimators given these ratios check they evaluate the same policy
         self.mass_target_ = self._mass_target(gamma, horizon)
         self._fingerprint = (dataset.n_transitions, dataset.n_episodes, float(np.sum(dataset.rewards)))
         w = self.weights_
@@ -315,6 +328,20 @@ class MarginalRatios(sklearn.base.BaseEstimator):
         if horizon is None:
             return 1.0 / (1.0 - gamma)
         return float(np.sum(gamma ** np.arange(horizon)))
+
+    def same_policy(self, dataset: Dataset, policy: Any) -> bool:
+        """Whether `policy` acts as the fitted one at the logged initial states (its features phi(s0, pi) agree).
+
+        A stochastic policy's sampled actions differ from call to call, so only
+        the same object counts as the same stochastic policy."""
+        target = as_target_policy(policy, dataset)
+        if target.kind == "stochastic" or target.kind != self.target_kind_:
+            return False
+        k = min(64, len(self.phi0_))
+        init = dataset.observations[dataset.episode_starts[:k]]
+        t = None if self.horizon_ is None else np.zeros(k, np.int64)
+        probe = self.features_.policy_transform(init, target, t, self.n_action_samples, np.random.default_rng(0))
+        return bool(np.allclose(probe, self.phi0_[:k], rtol=1e-6, atol=1e-9))
 
     def _check_fitted(self, dataset: Dataset | None = None) -> None:
         if not hasattr(self, "theta_"):
@@ -355,8 +382,9 @@ class MarginalRatios(sklearn.base.BaseEstimator):
         """Per-episode terms of d(s' x)/d(data) for x = theta (transpose False) or beta (True): the delta method.
 
         x = argmin ||P x - q||^2 + lam ||x||^2 with P = A, q = b (theta) or P = A', q = c (beta);
-        returns, per episode i, s_i' x - rho' (P_i - P) u - (P u)' ((P_i - P) x - (q_i - q)) with
-        u = M^{-1} mean(s), rho = P x - q: its mean is s' x and its spread carries the fit's error.
+        returns, per episode i, s_i' x - rho' (P_i - P) u - (P u)' ((P_i - P) x - (q_i - q))
+        - (u' x) d lam_i with u = M^{-1} mean(s), rho = P x - q and d lam_i the ridge's own change
+        (lam is relative to trace(P'P)): its mean is s' x and its spread carries the fit's error.
         """
         s_bar = s_i.mean(0)
         if not transpose:
@@ -382,6 +410,10 @@ class MarginalRatios(sklearn.base.BaseEstimator):
         term = term - (bilinear(rho, u) - rho @ P @ u)
         term = term - (bilinear(Pu, x) - Pu @ P @ x)
         term = term + (q_i @ Pu - q @ Pu)
+        # lam = ridge * trace(P'P) / d moves with the data too: d lam = 2 ridge <P, dP>_F / d
+        # (<A', A_i'>_F = <A, A_i>_F, so one term serves theta and beta)
+        frob_i = self.episode_sums(np.einsum("nd,nd->n", self.delta_, self.phi_ @ self.A_.T))
+        term = term - (u @ x) * 2.0 * self.ridge_ / len(M) * (frob_i - np.sum(self.A_ ** 2))
         return term
 
 
@@ -393,8 +425,7 @@ class _MarginalEstimator(sklearn.base.BaseEstimator):
     def __init__(self, *, gamma: float = 0.99, horizon: int | None = None, features: str = "auto",
                  n_features: int = 100, lengthscale: float | None = None, ridge: float | None = None,
                  n_action_samples: int = 10, interval: str = "bootstrap", alpha: float = 0.05,
-                 n_bootstrap: int = 2000, reward_bound: tuple[float, float] | None = None,
-                 random_state: Any = 0, warn: bool = True) -> None:
+                 n_bootstrap: int = 2000, random_state: Any = 0, warn: bool = True) -> None:
         self.gamma = gamma
         self.horizon = horizon
         self.features = features
@@ -405,7 +436,6 @@ class _MarginalEstimator(sklearn.base.BaseEstimator):
         self.interval = interval
         self.alpha = alpha
         self.n_bootstrap = n_bootstrap
-        self.reward_bound = reward_bound
         self.random_state = random_state
         self.warn = warn
 
@@ -417,6 +447,9 @@ class _MarginalEstimator(sklearn.base.BaseEstimator):
         if ratios is None:
             return MarginalRatios(**self.ratio_params()).fit(dataset, policy)
         ratios._check_fitted(dataset)
+        if policy is not ratios.policy_ and not ratios.same_policy(dataset, policy):
+            raise ValueError("these ratios were fitted for another policy; fit MarginalRatios(...).fit(dataset, policy) "
+                             "for the one evaluated (or pass ratios=None)")
         if check_horizon(self.horizon) != ratios.horizon_ or float(self.gamma) != ratios.gamma_:
             raise ValueError(f"the ratios were fitted with gamma={ratios.gamma_}, horizon={ratios.horizon_} but this "
                              f"estimator has gamma={self.gamma}, horizon={self.horizon}")
@@ -494,11 +527,10 @@ class MarginalDR(_MarginalEstimator):
                  fqe_params: dict[str, Any] | None = None, features: str = "auto", n_features: int = 100,
                  lengthscale: float | None = None, ridge: float | None = None, n_action_samples: int = 10,
                  interval: str = "bootstrap", alpha: float = 0.05, n_bootstrap: int = 2000,
-                 reward_bound: tuple[float, float] | None = None, random_state: Any = 0, warn: bool = True) -> None:
+                 random_state: Any = 0, warn: bool = True) -> None:
         super().__init__(gamma=gamma, horizon=horizon, features=features, n_features=n_features,
                          lengthscale=lengthscale, ridge=ridge, n_action_samples=n_action_samples, interval=interval,
-                         alpha=alpha, n_bootstrap=n_bootstrap, reward_bound=reward_bound, random_state=random_state,
-                         warn=warn)
+                         alpha=alpha, n_bootstrap=n_bootstrap, random_state=random_state, warn=warn)
         self.q_function = q_function
         self.fqe_params = fqe_params
 
@@ -525,8 +557,11 @@ class MarginalDR(_MarginalEstimator):
         r = self._ratios(dataset, policy, ratios)
         q = self._q(dataset, policy, q_function, r)
         H = r.horizon_
+        from offrl.ope.episodic import QFunction
+
         q_h = getattr(q, "horizon", None)
-        if (H is None) != (q_h is None) or (H is not None and int(q_h) != H):
+        # plain callables (QFunction) take the steps to go when they accept them; a fitted model states its horizon
+        if not isinstance(q, QFunction) and ((H is None) != (q_h is None) or (H is not None and int(q_h) != H)):
             raise ValueError(f"the Q function's horizon ({q_h}) differs from this estimator's ({H}); fit FQE with the "
                              "same horizon")
         rows = r.rows_

@@ -22,7 +22,8 @@ __all__ = ["OPEReport", "estimator_family", "logged_value"]
 _FRAME_DIAGNOSTICS = ("interval", "alpha", "interval_guaranteed", "weight_bound_source", "n", "ess", "ess_fraction",
                       "max_weight", "log_max_weight", "dm_value", "ensemble_std", "behavior_policy",
                       "behavior_heldout_loglik", "behavior_insample_loglik", "target_policy", "kernel_bandwidth",
-                      "unsupported_mass", "warning")
+                      "unsupported_mass", "ratio_mass", "negative_weight_share", "flow_residual", "ess_transitions",
+                      "warning")
 
 
 class OPEReport:
@@ -688,7 +689,8 @@ class OPEReport:
                 continue
             x = np.concatenate([[low - pad], dist.grid, [high + pad]])
             y = np.concatenate([[0.0], dist.cdf, [dist.cdf[-1]]])
-            ax.step(x, y, where="post", color=f"C{j % 10}", lw=1.6, label=policy)
+            # beyond ten policies the colours repeat: the line style then tells them apart
+            ax.step(x, y, where="post", color=f"C{j % 10}", ls=("-", "--", ":")[(j // 10) % 3], lw=1.6, label=policy)
         ax.set_xlabel("discounted return")
         ax.set_ylabel("estimated P(return <= x)")
         ax.set_ylim(-0.02, 1.02)
