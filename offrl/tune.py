@@ -542,7 +542,7 @@ class _Study:
                 raise _TrialFailed(f"the {self.objective} estimate is {estimate['value']} at step {step}")
             trial.report(estimate["value"], step)
             _write_json(trial_dir / "result.json", record)
-            if trial.should_prune():
+            if step < self.steps and trial.should_prune():  # a trained policy is scored, not pruned
                 pruned_at.append(step)
                 return False
             return None
