@@ -354,6 +354,7 @@ def test_observed_weight_bound_is_not_a_guarantee():
 
 
 @pytest.mark.slow
+@pytest.mark.table
 def test_coverage_table_every_interval():
     """Every interval of every estimator, observed ranges too; concentration intervals with given ranges asserted,
     the rest reported (pytest -s)."""
