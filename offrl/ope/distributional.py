@@ -426,7 +426,8 @@ class _DistributionalEstimator(sklearn.base.BaseEstimator):
 
     def _atoms(self, dataset: Dataset, grid: EpisodeGrid, gamma: float, policy: Any, behavior: Any,
                log_ratios: StepLogRatios | None, model: Any) -> tuple[_Atoms, dict[str, Any]]:
-        raise NotImplementedError
+        """Abstract: each estimator's returns and per-episode weights (its CDF's atoms) and its diagnostics."""
+        raise NotImplementedError(f"{type(self).__name__} must define _atoms")
 
     # ------------------------------------------------------------------ the estimate
     def estimate_distribution(self, dataset: Dataset, policy: Any, *, behavior: Any = None,
