@@ -205,3 +205,32 @@ def test_continuous_actions_with_a_model_and_kernel_weights():
     dr = out["uniform"]["CD-DR"]
     assert dr.diagnostics["model_samples_per_episode"] == 3 and np.isfinite(dr.mean())
     assert out["zero"]["CD-SNIS"].diagnostics["target_policy"] == "deterministic"  # kernel weights
+
+
+def test_evaluate_fits_one_model_for_mb_and_the_model_based_cdfs(mdp, monkeypatch):
+    """MB and CD-DM in one `evaluate` call share the MB estimator's fit (same model settings); a different
+    model setting for MB (here: another random_state) is not shared, and a fitted model can be passed in."""
+    from offrl.ope import evaluate
+
+    ds = mdp.sample(PI_B, 60, horizon=HORIZON, seed=9)
+    mb = {"n_models": 2, "n_steps": 30, "hidden_dims": (16,), "device": "cpu"}
+    fits = []
+    real_fit = ModelBased.fit
+    monkeypatch.setattr(ModelBased, "fit", lambda self, data: fits.append(self) or real_fit(self, data))
+    policy = {"e": tabular_policy(PI_E)}
+    report = evaluate(policy, ds, ["MB"], gamma=GAMMA, horizon=HORIZON, n_bootstrap=20, mb_params=mb,
+                      distributional=["CD-DM"])
+    assert len(fits) == 1
+    alone = evaluate_distributions(policy, ds, ["CD-DM"], gamma=GAMMA, horizon=HORIZON, n_bootstrap=20,
+                                   mb_params=mb, random_state=0)
+    assert len(fits) == 2  # fitted here on its own: the same model, so the same CDF
+    np.testing.assert_array_equal(report.distributions["e"]["CD-DM"].cdf, alone["e"]["CD-DM"].cdf)
+    with_model = evaluate_distributions(policy, ds, ["CD-DM"], gamma=GAMMA, horizon=HORIZON, n_bootstrap=20,
+                                        mb_params=mb, model=fits[0])
+    assert len(fits) == 2
+    np.testing.assert_array_equal(with_model["e"]["CD-DM"].cdf, alone["e"]["CD-DM"].cdf)
+    other = ModelBased(gamma=GAMMA, horizon=HORIZON, random_state=1, **mb)
+    evaluate(policy, ds, [other], gamma=GAMMA, horizon=HORIZON, n_bootstrap=20, mb_params=mb, distributional="CD-DM")
+    assert len(fits) == 4  # MB's own model (random_state 1) and CD-DM's (random_state 0)
+    with pytest.raises(ValueError, match="model must be a fitted"):
+        evaluate_distributions(policy, ds, ["CD-DM"], gamma=GAMMA, horizon=HORIZON, model=ModelBased())

@@ -221,16 +221,26 @@ def evaluate(
         metadata["behaviour policy"] = b_log_probs.description
     distributions = None
     if distributional:
-        from offrl.ope.distributional import evaluate_distributions
+        from offrl.ope.distributional import distribution_model, evaluate_distributions
 
         specs = [distributional] if isinstance(distributional, str) or not isinstance(distributional, Sequence) \
             else list(distributional)
+        # the MB estimator's fitted model serves CD-DM / CD-DR too when it is the model they would fit
+        shared = model if model is not None and _same_model(model, distribution_model(
+            gamma=gamma, horizon=horizon, random_state=random_state, mb_params=mb_params)) else None
         distributions = evaluate_distributions(
             policies, dataset, specs, gamma=gamma, horizon=horizon, behavior=behavior, bandwidth=bandwidth,
             alpha=alpha, cvar_alpha=cvar_alpha, n_bootstrap=min(int(n_bootstrap), 500), random_state=random_state,
-            mb_params=mb_params, behavior_log_probs=b_log_probs)
+            mb_params=mb_params, behavior_log_probs=b_log_probs, model=shared)
     return OPEReport(results, true_values=true_values, k=k, safety_threshold=safety_threshold, metadata=metadata,
                      distributions=distributions)
+
+
+def _same_model(a: ModelBased, b: ModelBased) -> bool:
+    """Whether two `ModelBased` fit the same model: they may differ only in how they estimate with it."""
+    estimate_only = ("gamma", "horizon", "interval", "alpha", "n_bootstrap", "reward_bound")
+    pa, pb = ({k: v for k, v in m.get_params().items() if k not in estimate_only} for m in (a, b))
+    return pa == pb
 
 
 def _shared(ratios: MarginalRatios, est: Any) -> MarginalRatios | None:

@@ -588,6 +588,14 @@ def _make_estimator(spec: Any, common: dict[str, Any], mb_params: Mapping[str, A
     return est
 
 
+def distribution_model(*, gamma: float, horizon: int | None, random_state: Any,
+                       mb_params: Mapping[str, Any] | None) -> Any:
+    """The (unfitted) `ModelBased` that `evaluate_distributions` fits for its model-based estimators."""
+    from offrl.ope.model_based import ModelBased
+
+    return ModelBased(**{"gamma": gamma, "horizon": horizon, "random_state": random_state, **dict(mb_params or {})})
+
+
 def evaluate_distributions(
     policies: Mapping[str, Any],
     dataset: Dataset,
@@ -603,6 +611,7 @@ def evaluate_distributions(
     random_state: Any = 0,
     mb_params: Mapping[str, Any] | None = None,
     behavior_log_probs: Any = None,
+    model: Any = None,
 ) -> dict[str, dict[str, ReturnDistribution]]:
     """Every distributional estimator on every policy: result[policy][estimator] -> ReturnDistribution.
 
@@ -610,7 +619,8 @@ def evaluate_distributions(
     gamma and horizon are set to this call's).  The behaviour log-probabilities are worked out once
     (`behavior_log_probs`: a `BehaviorEstimate`, a (log_probs, description) pair or an array; else
     `estimate_behavior(dataset, behavior)`), and one `ModelBased(**mb_params)` is fitted for all model-based
-    estimators.  Pass the result to `OPEReport(..., distributions=...)`.
+    estimators (`model`: an already fitted `ModelBased` to use instead, e.g. the MB estimator's of the same
+    call).  Pass the result to `OPEReport(..., distributions=...)`.
     """
     if not isinstance(dataset, Dataset):
         raise TypeError(f"dataset must be an offrl Dataset, got {type(dataset).__name__}")
@@ -637,12 +647,13 @@ def evaluate_distributions(
             known = BehaviorEstimate(*behavior_log_probs)
         else:
             known = BehaviorEstimate(np.asarray(behavior_log_probs, np.float64).reshape(-1), "given")
-    model = None
-    if any(e.uses_model for e in ests):
-        from offrl.ope.model_based import ModelBased
-
-        model = ModelBased(**{"gamma": gamma, "horizon": horizon, "random_state": random_state,
-                              **dict(mb_params or {})}).fit(dataset)
+    if not any(e.uses_model for e in ests):
+        model = None
+    elif model is None:
+        model = distribution_model(gamma=gamma, horizon=horizon, random_state=random_state,
+                                   mb_params=mb_params).fit(dataset)
+    elif not hasattr(model, "dynamics_"):
+        raise ValueError("model must be a fitted offrl.ope.ModelBased (or None to fit one here)")
     out: dict[str, dict[str, ReturnDistribution]] = {}
     for policy_name, policy in policies.items():
         ratios = log_importance_ratios(dataset, policy, behavior_log_probs_=known, bandwidth=bandwidth) \
