@@ -49,11 +49,14 @@ __all__ = ["ConfigError", "SweepConfig", "UniqueKeyLoader", "load_config", "pars
 _TOP_KEYS = {"name", "datasets", "algorithms", "seeds", "steps", "eval", "ope", "checkpoint_every", "device",
              "threads_per_run", "out", "log_every", "presets"}
 _EVAL_KEYS = {"every", "episodes", "env"}
-_OPE_KEYS = {"estimators", "gamma", "rollouts", "fqe_params"}
-# The `ope:` keys that enter the run hash (as they always have); `fqe_params` changes no training, so it does not.
-_UNHASHED_OPE_KEYS = ("fqe_params",)
+_OPE_KEYS = {"estimators", "gamma", "rollouts", "fqe_params", "mb_params", "marginal_params"}
+# The estimators' own settings in the `ope:` block: FQE's (also the Q of DR, WDR and MDR), ModelBased's (MB and the
+# model-based CDFs) and the marginal ratios' (MIS, SNMIS, MDR, MQL).  They change no training, so unlike the other
+# `ope:` keys they do not enter the run hash.
+_OPE_PARAM_KEYS = ("fqe_params", "mb_params", "marginal_params")
+_UNHASHED_OPE_KEYS = _OPE_PARAM_KEYS
 _OPE_DEFAULTS = {"estimators": ["FQE"], "gamma": 0.99, "rollouts": 10}
-# FQE settings the `ope:` block sets itself (gamma) or the run does (its seed), so fqe_params may not.
+# Settings the `ope:` block sets itself (gamma) or the run does (its seed), so fqe_params and mb_params may not.
 _FQE_FIXED = {"gamma": "ope.gamma", "horizon": "the logged episodes", "random_state": "the run's seed"}
 _DATASET_KEYS = {"spec", "eval_env", "build", "label"}
 # What a dataset's `build:` mapping may set for an offrl: dataset (the budget of `offrl datasets build`).
@@ -313,7 +316,7 @@ def parse_config(
         bad = set(ope) - _OPE_KEYS
         if bad:
             raise fail(f"ope.{sorted(map(str, bad))[0]}", f"unknown ope key; allowed: {sorted(_OPE_KEYS)}")
-        fqe_params = ope.get("fqe_params")
+        estimator_params = {key: ope[key] for key in _OPE_PARAM_KEYS if key in ope}
         ope = {key: ope.get(key, default) for key, default in _OPE_DEFAULTS.items()}
         if not isinstance(ope["estimators"], list) or not ope["estimators"]:
             raise fail("ope.estimators", "estimators must be a non-empty list of estimator names")
@@ -321,8 +324,8 @@ def parse_config(
             raise fail("ope.gamma", f"gamma must be a number in (0, 1], got {ope['gamma']!r}")
         count("ope.rollouts", ope["rollouts"])
         _check_estimators(ope["estimators"], fail)
-        if fqe_params is not None:  # only when given, so the ope block of an older config is unchanged
-            ope["fqe_params"] = _check_fqe_params(fqe_params, fail)
+        for key, value in estimator_params.items():  # only when given, so the ope block of an older config is unchanged
+            ope[key] = _check_ope_params(key, value, fail)
 
     checkpoint_every = raw.get("checkpoint_every")
     if checkpoint_every is not None:
@@ -801,25 +804,36 @@ def parse_ope_estimators(names: str | Sequence[str]) -> list[str]:
     return keys
 
 
-def _check_fqe_params(value: Any, fail: Any) -> dict[str, Any]:
-    """`ope.fqe_params`: FQE hyper-parameters (e.g. n_steps), checked with FQE's own rules."""
-    from offrl.algos.params import InvalidParameterError
-    from offrl.ope import FQE
+def _check_ope_params(key: str, value: Any, fail: Any) -> dict[str, Any]:
+    """`ope.fqe_params` / `ope.mb_params`: FQE / ModelBased hyper-parameters (e.g. n_steps), checked with the
+    estimator's own rules; `ope.marginal_params`: the marginal ratios' settings (features, ridge, ...)."""
+    from offrl.algos.params import InvalidParameterError, check_params
+    from offrl.ope import FQE, ModelBased
+    from offrl.ope.marginal import check_marginal_params
 
+    if key == "marginal_params":
+        try:
+            return check_marginal_params(value, "ope.marginal_params")
+        except ValueError as err:
+            raise fail("ope.marginal_params", str(err)) from None
+    cls = FQE if key == "fqe_params" else ModelBased
     if not isinstance(value, dict):
-        raise fail("ope.fqe_params", f"fqe_params must be a mapping of FQE hyper-parameters, e.g. "
-                                     f"{{n_steps: 5000}}, got {value!r}")
-    defaults = FQE().get_params()
+        raise fail(f"ope.{key}", f"{key} must be a mapping of {cls.__name__} hyper-parameters, e.g. "
+                                 f"{{n_steps: 5000}}, got {value!r}")
+    defaults = cls().get_params()
     for name in value:
         if name in _FQE_FIXED:
-            raise fail(f"ope.fqe_params.{name}", f"{name} is set by {_FQE_FIXED[name]}, not fqe_params")
+            raise fail(f"ope.{key}.{name}", f"{name} is set by {_FQE_FIXED[name]}, not {key}")
         if name not in defaults:
             valid = sorted(set(defaults) - set(_FQE_FIXED))
-            raise fail(f"ope.fqe_params.{name}", f"FQE has no hyper-parameter {name!r}; valid ones: {valid}")
+            raise fail(f"ope.{key}.{name}", f"{cls.__name__} has no hyper-parameter {name!r}; valid ones: {valid}")
     try:
-        FQE(**value).check_params()
+        estimator = cls(**value)
+        check_params(estimator)
+        if hasattr(estimator, "check_params"):
+            estimator.check_params()
     except (InvalidParameterError, TypeError, ValueError) as err:
-        raise fail("ope.fqe_params", str(err)) from None
+        raise fail(f"ope.{key}", str(err)) from None
     return dict(value)
 
 
@@ -831,7 +845,7 @@ def ope_settings(config: SweepConfig) -> dict[str, Any] | None:
     base = {**_OPE_DEFAULTS, **(config.ope or {})}
     estimators = config.ope_request or base["estimators"]
     return {"estimators": parse_ope_estimators(estimators), "gamma": float(base["gamma"]),
-            "rollouts": int(base["rollouts"]), "fqe_params": dict(base.get("fqe_params") or {})}
+            "rollouts": int(base["rollouts"]), **{key: dict(base.get(key) or {}) for key in _OPE_PARAM_KEYS}}
 
 
 # ---------------------------------------------------------------------------- runs
@@ -1210,8 +1224,10 @@ def _logged_data_ope(algo: Any, raw_dataset: Any, env: str | None, spec: Mapping
 
 def _ope_stored_settings(spec: Mapping[str, Any]) -> dict[str, Any]:
     """What a run's estimates depend on besides its policy and data, as stored beside them (JSON-shaped)."""
+    # mb_params / marginal_params only when set: results stored before they existed keep matching
+    extra = {key: dict(spec[key]) for key in ("mb_params", "marginal_params") if spec.get(key)}
     return json.loads(json.dumps({"gamma": float(spec["gamma"]), "rollouts": int(spec["rollouts"]),
-                                  "fqe_params": dict(spec.get("fqe_params") or {})}, default=list))
+                                  "fqe_params": dict(spec.get("fqe_params") or {}), **extra}, default=list))
 
 
 def _estimate_keys(ope_result: Mapping[str, Any]) -> dict[str, str]:
@@ -1293,20 +1309,20 @@ def _ope_failed(run_dir: Path, base: dict[str, Any]) -> dict[str, Any]:
 _NO_TRUTH = "no evaluation environment, so no roll-outs for the true value"
 
 
-def _estimates(algo: Any, dataset: Any, keys: list[str], gamma: float, seed: int, fqe_params: dict[str, Any]
-               ) -> dict[str, Any]:
+def _estimates(algo: Any, dataset: Any, keys: list[str], gamma: float, seed: int,
+               params: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
     """key -> {value, ci_low, ci_high} of each estimator; one that cannot estimate this policy from these data
     (e.g. ratios with no mass where it goes) gets {error} and the others are kept (computed one by one then)."""
     from offrl import ope
 
     try:
-        report = ope.evaluate({"policy": algo}, dataset, keys, gamma, random_state=seed, fqe_params=fqe_params)
+        report = ope.evaluate({"policy": algo}, dataset, keys, gamma, random_state=seed, **params)
     except (ValueError, np.linalg.LinAlgError) as err:
         if len(keys) == 1:
             return {keys[0]: {"error": f"{type(err).__name__}: {err}"}}
         out: dict[str, Any] = {}
         for key in keys:
-            out.update(_estimates(algo, dataset, [key], gamma, seed, fqe_params))
+            out.update(_estimates(algo, dataset, [key], gamma, seed, params))
         return out
     # results come in the order asked for, so each is stored under the name it was asked by
     return {key: {"value": float(r.value), "ci_low": float(r.ci_low), "ci_high": float(r.ci_high)}
@@ -1330,7 +1346,8 @@ def _run_ope(algo: Any, dataset: Any, env: str | None, ope_cfg: Mapping[str, Any
     gamma = float(ope_cfg["gamma"])
     out: dict[str, Any] = {k: v for k, v in previous.items() if k not in ("true_value", "no_truth", "settings")}
     if todo:
-        out.update(_estimates(algo, dataset, todo, gamma, seed, dict(ope_cfg.get("fqe_params") or {})))
+        params = {key: dict(ope_cfg.get(key) or {}) for key in _OPE_PARAM_KEYS}  # evaluate's keyword names
+        out.update(_estimates(algo, dataset, todo, gamma, seed, params))
     truth = previous.get("true_value")
     if env is None:
         out.update({"true_value": None, "no_truth": _NO_TRUTH})

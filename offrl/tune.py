@@ -62,9 +62,9 @@ _RANGE_KEYS = {"low", "high", "log", "step"}
 _NOT_PARAMS = {"algorithm", "labelers", "online"}
 # Options of `offrl.ope.evaluate` an objective may set; everything else goes to the objective's model.
 _EVALUATE_OPTIONS = {"interval", "alpha", "n_bootstrap", "horizon", "reward_bound", "weight_bound", "bandwidth"}
-# The marginal estimators' own settings (offrl.ope.MarginalRatios), passed to evaluate as marginal_params.
+# The marginal estimators: their ratio settings (offrl.ope.marginal.MARGINAL_PARAMS) go to evaluate as
+# marginal_params.
 _MARGINAL = {"MIS", "SNMIS", "MDR", "MQL"}
-_MARGINAL_PARAMS = {"features", "n_features", "lengthscale", "ridge", "n_action_samples"}
 # What tune sets itself, and from what.
 _SET_BY_TUNE = {"gamma": "the config's ope.gamma (default 0.99)", "random_state": "the seed (--seed)"}
 # Estimators that weigh logged actions by the behaviour policy: its log-probabilities are computed once per study.
@@ -355,20 +355,15 @@ def _check_count(name: str, value: Any, low: int, none: bool = False) -> None:
 def _split_objective_params(key: str, params: Mapping[str, Any] | None, device: str) -> tuple[dict, dict, dict]:
     """(evaluate options, FQE params, ModelBased params) from `objective_params`; unknown names are refused."""
     from offrl.ope import FQE, ModelBased
+    from offrl.ope.marginal import MARGINAL_PARAMS, check_marginal_params
 
     params = dict(params or {})
     marginal: dict[str, Any] = {}
     if key in _MARGINAL:  # the ratio features and ridge; MDR's Q is an FQE with the remaining parameters
-        marginal = {k: params.pop(k) for k in list(params) if k in _MARGINAL_PARAMS}
-        if marginal.get("features", "auto") not in ("auto", "tabular", "rff"):
-            raise ValueError(f"objective_params: features must be 'auto', 'tabular' or 'rff', got {marginal['features']!r}")
-        for name in ("n_features", "n_action_samples"):
-            if name in marginal and (not isinstance(marginal[name], int) or marginal[name] < 1):
-                raise ValueError(f"objective_params: {name} must be a positive integer, got {marginal[name]!r}")
-        if marginal.get("ridge") is not None and not (isinstance(marginal["ridge"], (int, float)) and marginal["ridge"] >= 0):
-            raise ValueError(f"objective_params: ridge must be a non-negative number, got {marginal['ridge']!r}")
+        marginal = check_marginal_params({k: params.pop(k) for k in list(params) if k in MARGINAL_PARAMS},
+                                         "objective_params")
     model = ModelBased if key == "MB" else FQE
-    valid = set(model().get_params()) | _MARGINAL_PARAMS if key in _MARGINAL else set(model().get_params())
+    valid = set(model().get_params()) | set(MARGINAL_PARAMS) if key in _MARGINAL else set(model().get_params())
     for name in params:
         if name in _SET_BY_TUNE:
             raise ValueError(f"objective_params: {name} is set by tune, from {_SET_BY_TUNE[name]}")
@@ -645,8 +640,12 @@ def tune(
         raise TypeError(f"prune must be True, False or an optuna pruner, got {prune!r}")
     config = load_tune_config(config)
     sweep = config.sweep
-    # The config's ope.fqe_params (the sweep's own FQE settings) unless objective_params says otherwise.
-    from_config = dict((sweep.ope or {}).get("fqe_params") or {}) if key != "MB" else {}
+    # The config's ope settings for this objective's model (fqe_params, or mb_params for MB; and marginal_params
+    # for the marginal estimators) unless objective_params says otherwise.
+    ope_block = sweep.ope or {}
+    from_config = dict(ope_block.get("mb_params" if key == "MB" else "fqe_params") or {})
+    if key in _MARGINAL:
+        from_config.update(ope_block.get("marginal_params") or {})
     options, fqe_params, mb_params = _split_objective_params(key, {**from_config, **dict(objective_params or {})},
                                                              sweep.device)
     out_dir = Path(out) if out is not None else Path(sweep.out or Path("offrl-results") / sweep.name) / "tune"

@@ -221,6 +221,13 @@ def test_ope_missing_reuses_stored_estimates_only_under_the_same_settings():
                                        "settings": {"gamma": 0.99, "rollouts": 10, "fqe_params": {"n_steps": 5}}}}
     assert ope_missing(run, changed) == ["FQE", "DR"]  # FQE's settings changed: every estimate is redone
     assert ope_missing({**run, "ope_request": {**spec, "fqe_params": {"n_steps": 5}}}, changed) == []
+    # the model's and the marginal ratios' settings are stored (only when set) and count the same way
+    stored = {"status": "ok", "ope": {"FQE": estimate, "DR": estimate,
+                                      "settings": {"gamma": 0.99, "rollouts": 10, "fqe_params": {}}}}
+    assert ope_missing({"ope_request": {**spec, "mb_params": {}, "marginal_params": {}}}, stored) == []
+    assert ope_missing({"ope_request": {**spec, "marginal_params": {"ridge": 0.1}}}, stored) == ["FQE", "DR"]
+    stored["ope"]["settings"]["marginal_params"] = {"ridge": 0.1}
+    assert ope_missing({"ope_request": {**spec, "marginal_params": {"ridge": 0.1}}}, stored) == []
     assert ope_missing(run, {"status": "ok", "ope": {"skipped": "the logged data lacks rewards"}}) == []
     assert ope_missing({"ope_request": None, "ope": None}, {"status": "ok"}) == []
 
@@ -240,13 +247,16 @@ def test_asking_for_ope_changes_no_run_hash():
     assert all(r["ope"] is None and r["ope_request"]["estimators"] == ["FQE", "DR"] for r in asked)
     with_block = {"IQL": "83757ab08c5b", "BC-x-bb90828f": "163693b1b712", "BC-x-edfeec77": "87595195b390"}
     block = {"estimators": ["FQE", "DR"], "gamma": 0.95, "rollouts": 5}
-    for extra in ({}, {"fqe_params": {"n_steps": 500}}):
+    for extra in ({}, {"fqe_params": {"n_steps": 500}},
+                  {"mb_params": {"n_steps": 100}, "marginal_params": {"features": "rff", "ridge": 0.01}}):
         config = parse_config({**HASH_CONFIG, "ope": {**block, **extra}}, check_datasets=False)
         for request in (None, ["WPDIS"]):
             runs = expand_runs(dataclasses.replace(config, ope_request=request), "unused")
             assert {r["variant"]: r["hash"] for r in runs} == with_block
             assert runs[0]["ope_request"] == {"estimators": request or ["FQE", "DR"], "gamma": 0.95, "rollouts": 5,
-                                              "fqe_params": extra.get("fqe_params", {})}
+                                              "fqe_params": extra.get("fqe_params", {}),
+                                              "mb_params": extra.get("mb_params", {}),
+                                              "marginal_params": extra.get("marginal_params", {})}
 
 
 @pytest.mark.parametrize("ope, key, needle", [
@@ -254,6 +264,14 @@ def test_asking_for_ope_changes_no_run_hash():
     ({"fqe_params": {"gamma": 0.9}}, "ope.fqe_params.gamma", "gamma is set by ope.gamma"),
     ({"fqe_params": {"n_critics": 0}}, "ope.fqe_params", "n_critics"),
     ({"fqe_params": [200]}, "ope.fqe_params", "fqe_params must be a mapping"),
+    ({"mb_params": {"n_modelz": 3}}, "ope.mb_params.n_modelz", "ModelBased has no hyper-parameter 'n_modelz'"),
+    ({"mb_params": {"random_state": 3}}, "ope.mb_params.random_state", "random_state is set by the run's seed"),
+    ({"mb_params": {"n_models": 0}}, "ope.mb_params", "n_models"),
+    ({"marginal_params": {"features": "fourier"}}, "ope.marginal_params", "features must be one of"),
+    ({"marginal_params": {"ridge": -1}}, "ope.marginal_params", "ridge must be a non-negative number"),
+    ({"marginal_params": {"n_features": 2.5}}, "ope.marginal_params", "n_features must be a positive integer"),
+    ({"marginal_params": {"gamma": 0.9}}, "ope.marginal_params", "no setting 'gamma'"),
+    ({"marginal_params": "rff"}, "ope.marginal_params", "must be a mapping"),
     ({"estimators": ["FQE", "fqe"]}, "ope.estimators.1", "list each estimator once"),
     ({"estimators": ["FQE", "NOPE"]}, "ope.estimators.1", "unknown estimator 'NOPE'"),
 ])
@@ -296,3 +314,29 @@ def test_an_estimator_that_fails_is_recorded_and_the_others_kept(monkeypatch):
     out = _estimates(bc, data, ["WPDIS", "MIS"], 0.99, 0, {})
     assert out["MIS"] == {"error": "ValueError: SNMIS: the learned ratios have non-positive total mass"}
     assert set(out["WPDIS"]) == {"value", "ci_low", "ci_high"}
+
+
+def test_the_ope_blocks_estimator_settings_reach_evaluate_and_are_stored(monkeypatch):
+    from offrl import ope
+    from offrl.sweep import _run_ope
+
+    seen = {}
+    original = ope.evaluate
+
+    def spy(policies, dataset, estimators, *args, **kwargs):
+        seen.update(kwargs)
+        return original(policies, dataset, estimators, *args, **kwargs)
+
+    monkeypatch.setattr(ope, "evaluate", spy)
+    from conftest import pendulum_shaped_dataset
+    from offrl.algos import BC
+
+    data = pendulum_shaped_dataset(n_episodes=3, length=20)
+    bc = BC(n_steps=5, hidden_dims=(8, 8), device="cpu").fit(data, progress=False)
+    spec = {"estimators": ["MIS"], "gamma": 0.99, "rollouts": 1, "fqe_params": {},
+            "mb_params": {"n_steps": 7}, "marginal_params": {"features": "rff", "n_features": 20, "ridge": 0.01}}
+    out = _run_ope(bc, data, None, spec, seed=3)
+    assert seen["marginal_params"] == spec["marginal_params"] and seen["mb_params"] == {"n_steps": 7}
+    assert seen["random_state"] == 3 and np.isfinite(out["MIS"]["value"])
+    assert out["settings"] == {"gamma": 0.99, "rollouts": 1, "fqe_params": {}, "mb_params": {"n_steps": 7},
+                               "marginal_params": spec["marginal_params"]}

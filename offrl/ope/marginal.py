@@ -62,8 +62,9 @@ ratios are unbounded estimates, so no range is guaranteed).
 from __future__ import annotations
 
 import math
+import numbers
 import warnings
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 import sklearn.base
@@ -72,9 +73,39 @@ from offrl.datasets.core import Dataset
 from offrl.ope.behavior import TargetPolicy, as_target_policy
 from offrl.ope.results import OPEResult, OPEWarning, RatioComponents, check_gamma, check_horizon, make_result
 
-__all__ = ["StateActionFeatures", "MarginalRatios", "MarginalIS", "SelfNormalizedMarginalIS", "MarginalDR", "MQL"]
+__all__ = ["StateActionFeatures", "MarginalRatios", "MarginalIS", "SelfNormalizedMarginalIS", "MarginalDR", "MQL",
+           "MARGINAL_PARAMS", "check_marginal_params"]
 
 FEATURES = ("auto", "tabular", "rff")
+# The ratio settings the marginal estimators share (`evaluate(marginal_params=...)`, a sweep's
+# ope.marginal_params, a tune objective's): gamma, horizon and the seed come from the caller.
+MARGINAL_PARAMS = ("features", "n_features", "lengthscale", "ridge", "n_action_samples")
+
+
+def check_marginal_params(params: Mapping[str, Any], where: str = "marginal_params") -> dict[str, Any]:
+    """`params` checked as MarginalRatios settings (names in MARGINAL_PARAMS): a ValueError that names the
+    setting and what is valid, before any fit."""
+    if not isinstance(params, Mapping):
+        raise ValueError(f"{where} must be a mapping of marginal-ratio settings ({', '.join(MARGINAL_PARAMS)}), "
+                         f"got {params!r}")
+    params = dict(params)
+    for name in params:
+        if name not in MARGINAL_PARAMS:
+            raise ValueError(f"{where}: the marginal ratios have no setting {name!r}; valid: {list(MARGINAL_PARAMS)}")
+    if params.get("features", "auto") not in FEATURES:
+        raise ValueError(f"{where}: features must be one of {FEATURES}, got {params['features']!r}")
+    for name in ("n_features", "n_action_samples"):
+        value = params.get(name, 1)
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+            raise ValueError(f"{where}: {name} must be a positive integer, got {value!r}")
+    for name, low in (("lengthscale", "a positive number"), ("ridge", "a non-negative number")):
+        value = params.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (
+                value > 0 if name == "lengthscale" else value >= 0) or not math.isfinite(value):
+            raise ValueError(f"{where}: {name} must be {low} (or None for the default), got {value!r}")
+    return params
 
 
 def _is_one_hot(obs: np.ndarray) -> bool:
