@@ -23,6 +23,7 @@ batch 1 it is decisions per second.
   FQL-flow: the BC flow FQL distils from, 10 Euler steps, through the same
   `predict` call with `_act` replaced by `_export_actor(policy="flow")`;
 - OFQL: one average-velocity evaluation a = -u(s, 0, 0, 1) (n_action_samples=1);
+  OFQL-50: its default acting, 50 one-step candidates in one batched evaluation, the critics pick;
 - RvS: `predict(obs)` with the default target return (2x1024 MLP on state and command);
 - DecisionTransformer: `actor.act(obs, t)` then `actor.observe(rewards, done=False)` of the Actor that
   `make_actor()` returns, its context full (20 steps per env): a causal transformer over 60 tokens per env.
@@ -70,6 +71,7 @@ MODELS: dict[str, tuple[str, dict[str, Any], str]] = {
                   "predict"),
     "FQL-flow": ("FQL", {"n_action_samples": 1}, "flow"),
     "OFQL": ("OFQL", {"n_action_samples": 1}, "predict"),
+    "OFQL-50": ("OFQL", {"n_action_samples": 50}, "predict"),
     # return-conditioned: RvS's 2x1024 MLP on (s, command); DT through its stateful Actor mid-episode (a full
     # context of 20 steps per env, the call an evaluation loop makes at every step after the 20th)
     "RvS": ("RvS", {}, "predict"),
