@@ -407,11 +407,8 @@ class _DistributionalEstimator(sklearn.base.BaseEstimator):
 
     def _model(self, dataset: Dataset, model: Any) -> Any:
         if model is None:
-            from offrl.ope.model_based import ModelBased
-
-            params = {"gamma": self.gamma, "horizon": self.horizon, "random_state": self.random_state,
-                      **dict(getattr(self, "mb_params", None) or {})}
-            model = ModelBased(**params)
+            model = distribution_model(gamma=self.gamma, horizon=self.horizon, random_state=self.random_state,
+                                       mb_params=getattr(self, "mb_params", None))
         if not hasattr(model, "dynamics_"):
             model = model.fit(dataset)
         return model
