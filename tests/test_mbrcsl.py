@@ -4,6 +4,8 @@ clone, resume and determinism on tiny networks."""
 
 from __future__ import annotations
 
+import warnings
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -214,6 +216,22 @@ def test_no_rollout_above_the_threshold_warns_and_trains_on_the_dataset(pendulum
     assert algo.rcsl_data_ == "dataset" and algo.n_rollouts_kept_ == 0 and np.isnan(algo.kept_return_max_)
     assert algo.spec_["target_return"] == pytest.approx(pendulum.episode_returns().max())
     assert np.isfinite(algo.predict(pendulum.observations[:3])).all()
+
+
+def test_default_threshold_is_the_best_complete_episode():
+    """A last, partial episode of a cost task (here 3 steps of a 15-step task) does not set the threshold."""
+    whole = pendulum_shaped_dataset(n_episodes=3, length=15)
+    episodes = [{k: v for k, v in zip(("observations", "actions", "rewards"),
+                                      (whole.observations[:4], whole.actions[:3], np.full(3, -0.1, np.float32)))}]
+    episodes[0]["observations"] = np.concatenate([whole.observations[:3], whole.next_observations[2:3]])
+    episodes[0]["truncations"] = [False, False, True]
+    cut = Dataset.concatenate([whole, Dataset.from_episodes(episodes, action_low=-2.0, action_high=2.0)])
+    assert cut.episode_returns()[-1] > cut.episode_returns()[:-1].max()
+    params = {**TINY, "return_threshold": None, "max_rollout_batches": 1}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        algo = MBRCSL(**params, random_state=0).fit(cut, n_steps=1, progress=False)
+    assert algo.return_threshold_ == pytest.approx(whole.episode_returns().max())
 
 
 def test_n_elites_cannot_exceed_n_models():

@@ -12,7 +12,7 @@ import torch
 
 import offrl
 from offrl.algos import BC, DecisionTransformer, RvS
-from offrl.algos.rcsl import masked_action_loss, rvs_commands
+from offrl.algos.rcsl import best_complete_episode, masked_action_loss, rvs_commands
 from offrl.datasets import Dataset
 
 from conftest import make_episodes, pendulum_shaped_dataset
@@ -163,6 +163,32 @@ def test_dt_actor_resets_only_the_env_whose_episode_ended(fitted_dt, pendulum):
 
 
 # ---------------------------------------------------------------------------------------------- target return
+
+
+def cut_log() -> Dataset:
+    """Costs, as in Pendulum: two whole 4-step episodes (returns -8, -6), one that terminated after 2 steps
+    (-5) and the log's last, partial episode cut after 1 step (-1: the highest return, but not comparable)."""
+    episodes = make_episodes((4, 4, 2, 1), obs_dim=2, act_dim=1, terminal=(False, False, True, False),
+                             log_probs=False)
+    for ep, reward in zip(episodes, (-2.0, -1.5, -2.5, -1.0)):
+        ep["rewards"] = np.full(len(ep["actions"]), reward, np.float32)
+    return Dataset.from_episodes(episodes, action_low=-1.0, action_high=1.0)
+
+
+def test_default_target_skips_an_episode_cut_short_by_the_end_of_the_log():
+    ds = cut_log()
+    np.testing.assert_allclose(ds.episode_returns(), [-8.0, -6.0, -5.0, -1.0])
+    assert best_complete_episode(ds) == 2  # a termination completes an episode of any length
+    no_terminal = Dataset.from_episodes(make_episodes((4, 4, 2, 1), terminal=(False,) * 4, log_probs=False))
+    no_terminal = no_terminal.with_rewards(np.repeat([-2.0, -1.5, -2.5, -1.0], [4, 4, 2, 1]))
+    assert best_complete_episode(no_terminal) == 1  # only the longest-length episodes count
+    windows = Dataset.from_episodes(make_episodes((3, 3), terminal=(False, False), log_probs=False))
+    assert best_complete_episode(windows) == int(np.argmax(windows.episode_returns()))  # all complete
+    for algo in (RvS(**TINY_RVS, random_state=0), DecisionTransformer(**TINY_DT, random_state=0)):
+        algo.fit(ds, n_steps=1, progress=False)
+        assert algo.spec_["target_return"] == -5.0 and algo.spec_["target_horizon"] == 2
+
+
 
 
 @pytest.mark.parametrize("name", ["fitted_rvs", "fitted_dt"])

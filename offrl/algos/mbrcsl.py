@@ -11,7 +11,7 @@ it has no action to copy.  MBRCSL makes the stitched trajectories itself:
 3. roll the behaviour policy out in the model from logged initial states
    (each step through a random elite, with the model's noise) and keep the
    roll-outs whose model return beats `return_threshold` (default: the
-   best logged episode return), until `n_rollouts` are kept or
+   best complete logged episode's return, see `rcsl.best_complete_episode`), until `n_rollouts` are kept or
    `max_rollout_batches` batches were tried;
 4. train RCSL (RvS's network, loss, commands and actor, from
    `offrl.algos.rcsl`) on the kept roll-outs for `n_steps` through the
@@ -34,7 +34,7 @@ import torch
 from offrl.algos.base import _seed_from, make_adam
 from offrl.algos.bc import nll_bc_loss
 from offrl.algos.params import InvalidParameterError, boolean, integer, layer_sizes, real
-from offrl.algos.rcsl import RvS
+from offrl.algos.rcsl import RvS, best_complete_episode
 from offrl.datasets.core import Dataset
 from offrl.datasets.samplers import TransitionSampler
 from offrl.nn import TanhGaussianPolicy, flush_denormals
@@ -53,7 +53,7 @@ class MBRCSL(RvS):
     `EnsembleDynamics`): 7 models with 5 elites, 4x200 SiLU dynamics
     networks trained at 1e-3 with a 20 % holdout (at most 1000 rows);
     roll-outs in batches of 200, 100 kept ones needed, at most 1000
-    batches, kept when their return beats the best logged episode
+    batches, kept when their return beats the best (complete) logged episode
     return; the RCSL policy a 2x1024 MLP on (state, return to go) fitted by
     MSE (`conditioning="rtg"`, `policy="deterministic"`) with Adam 5e-5 and
     L2 weight decay 0.1, batch 256, trained on the kept roll-outs only
@@ -219,7 +219,7 @@ class MBRCSL(RvS):
             self.rcsl_data_ = "rollouts"
             data = rollouts
         returns_all, lengths = data.episode_returns(), data.episode_lengths()
-        best = int(np.argmax(returns_all))
+        best = best_complete_episode(data)
         spec["target_return"] = float(returns_all[best])  # the best kept roll-out (or logged episode)
         spec["target_horizon"] = int(lengths[best])
         spec["horizon"] = int(lengths.max())
@@ -271,7 +271,7 @@ class MBRCSL(RvS):
         device = self.device_
         starts = torch.from_numpy(dataset.observations[dataset.episode_starts[:-1]]).to(device)
         horizon = int(self.rollout_horizon or dataset.episode_lengths().max())
-        threshold = (float(dataset.episode_returns().max()) if self.return_threshold is None
+        threshold = (float(dataset.episode_returns()[best_complete_episode(dataset)]) if self.return_threshold is None
                      else float(self.return_threshold))
         kept: list[dict[str, np.ndarray]] = []
         kept_returns: list[np.ndarray] = []

@@ -14,7 +14,8 @@ episode's length and H the dataset's longest episode.  Returns enter the
 networks times `return_scale` (DT's 1/1000).  When acting, the return still to
 get starts at the target and loses each observed reward (DT, and RvS's "rtg");
 RvS's average target stays fixed for the episode, as in the RvS code.  A target
-left unset is the dataset's best episode return (`spec_["target_return"]`).
+left unset is the dataset's best complete episode return (`spec_["target_return"]`,
+see `best_complete_episode`).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from offrl.datasets.samplers import SegmentBatch, SegmentSampler
 from offrl.evaluation import Actor
 from offrl.nn import MLP, DeterministicPolicy, GaussianPolicy, _fp32_head, _ScaledPolicy
 
-__all__ = ["RvS", "DecisionTransformer", "rvs_commands", "masked_action_loss", "CONDITIONINGS"]
+__all__ = ["RvS", "DecisionTransformer", "rvs_commands", "masked_action_loss", "best_complete_episode", "CONDITIONINGS"]
 
 CONDITIONINGS = ("rtg", "avg_rtg", "udrl")
 _SCALE = real(0, None, closed="neither")
@@ -82,6 +83,21 @@ def _inference(algo: OfflineAlgorithm) -> Iterator[None]:
         algo._set_training_mode(True)
 
 
+def best_complete_episode(dataset: Dataset) -> int:
+    """Index of the best-return episode among the complete ones: those that terminated or ran the longest length.
+
+    A log cut short (the last, partial episode of each collecting environment, or a user's window) has a return
+    that does not compare with whole episodes: with negative rewards (Pendulum's costs) a 50-step cut of a
+    200-step task "beats" every whole episode.  Targets and thresholds read from the best episode therefore
+    skip such cuts; when no episode is complete, every episode counts.
+    """
+    returns, lengths = dataset.episode_returns(), dataset.episode_lengths()
+    ends = np.asarray(dataset.episode_starts[1:]) - 1
+    complete = (dataset.terminals[ends] > 0) | (lengths == lengths.max())
+    candidates = np.flatnonzero(complete) if complete.any() else np.arange(len(returns))
+    return int(candidates[np.argmax(returns[candidates])])
+
+
 class _ReturnConditioned(OfflineAlgorithm):
     """What RvS and DT share: the dataset's target return in `spec_` and the `target_return` acting option."""
 
@@ -90,8 +106,8 @@ class _ReturnConditioned(OfflineAlgorithm):
     def _make_spec(self, dataset: Dataset) -> dict[str, Any]:
         spec = super()._make_spec(dataset)
         returns, lengths = dataset.episode_returns(), dataset.episode_lengths()
-        best = int(np.argmax(returns))
-        spec["target_return"] = float(returns[best])  # the default target: the best logged episode
+        best = best_complete_episode(dataset)
+        spec["target_return"] = float(returns[best])  # the default target: the best complete logged episode
         spec["target_horizon"] = int(lengths[best])
         spec["horizon"] = int(lengths.max())
         return spec
