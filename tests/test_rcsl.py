@@ -189,8 +189,6 @@ def test_default_target_skips_an_episode_cut_short_by_the_end_of_the_log():
         assert algo.spec_["target_return"] == -5.0 and algo.spec_["target_horizon"] == 2
 
 
-
-
 @pytest.mark.parametrize("name", ["fitted_rvs", "fitted_dt"])
 def test_target_return_defaults_to_the_best_dataset_return_and_changes_the_action(name, pendulum, request):
     algo = request.getfixturevalue(name)

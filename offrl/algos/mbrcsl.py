@@ -34,7 +34,7 @@ import torch
 from offrl.algos.base import _seed_from, make_adam
 from offrl.algos.bc import nll_bc_loss
 from offrl.algos.params import InvalidParameterError, boolean, integer, layer_sizes, real
-from offrl.algos.rcsl import RvS, best_complete_episode
+from offrl.algos.rcsl import RvS, target_spec
 from offrl.datasets.core import Dataset
 from offrl.datasets.samplers import TransitionSampler
 from offrl.nn import TanhGaussianPolicy, flush_denormals
@@ -218,11 +218,7 @@ class MBRCSL(RvS):
         else:
             self.rcsl_data_ = "rollouts"
             data = rollouts
-        returns_all, lengths = data.episode_returns(), data.episode_lengths()
-        best = best_complete_episode(data)
-        spec["target_return"] = float(returns_all[best])  # the best kept roll-out (or logged episode)
-        spec["target_horizon"] = int(lengths[best])
-        spec["horizon"] = int(lengths.max())
+        spec.update(target_spec(data))  # the best kept roll-out (or logged episode)
         return data
 
     def _fit_behavior(self, dataset: Dataset, generator: torch.Generator) -> float:
@@ -271,7 +267,7 @@ class MBRCSL(RvS):
         device = self.device_
         starts = torch.from_numpy(dataset.observations[dataset.episode_starts[:-1]]).to(device)
         horizon = int(self.rollout_horizon or dataset.episode_lengths().max())
-        threshold = (float(dataset.episode_returns()[best_complete_episode(dataset)]) if self.return_threshold is None
+        threshold = (target_spec(dataset)["target_return"] if self.return_threshold is None
                      else float(self.return_threshold))
         kept: list[dict[str, np.ndarray]] = []
         kept_returns: list[np.ndarray] = []

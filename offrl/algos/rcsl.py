@@ -38,7 +38,8 @@ from offrl.datasets.samplers import SegmentBatch, SegmentSampler
 from offrl.evaluation import Actor
 from offrl.nn import MLP, DeterministicPolicy, GaussianPolicy, _fp32_head, _ScaledPolicy
 
-__all__ = ["RvS", "DecisionTransformer", "rvs_commands", "masked_action_loss", "best_complete_episode", "CONDITIONINGS"]
+__all__ = ["RvS", "DecisionTransformer", "rvs_commands", "masked_action_loss", "best_complete_episode", "target_spec",
+           "CONDITIONINGS"]
 
 CONDITIONINGS = ("rtg", "avg_rtg", "udrl")
 _SCALE = real(0, None, closed="neither")
@@ -98,19 +99,21 @@ def best_complete_episode(dataset: Dataset) -> int:
     return int(candidates[np.argmax(returns[candidates])])
 
 
+def target_spec(dataset: Dataset) -> dict[str, Any]:
+    """The default command read from `dataset`: its best complete episode's return and length, and its horizon."""
+    best = best_complete_episode(dataset)
+    return {"target_return": float(dataset.episode_returns()[best]),
+            "target_horizon": int(dataset.episode_lengths()[best]),
+            "horizon": int(dataset.episode_lengths().max())}
+
+
 class _ReturnConditioned(OfflineAlgorithm):
     """What RvS and DT share: the dataset's target return in `spec_` and the `target_return` acting option."""
 
     _predict_options = ("target_return",)
 
     def _make_spec(self, dataset: Dataset) -> dict[str, Any]:
-        spec = super()._make_spec(dataset)
-        returns, lengths = dataset.episode_returns(), dataset.episode_lengths()
-        best = best_complete_episode(dataset)
-        spec["target_return"] = float(returns[best])  # the default target: the best complete logged episode
-        spec["target_horizon"] = int(lengths[best])
-        spec["horizon"] = int(lengths.max())
-        return spec
+        return super()._make_spec(dataset) | target_spec(dataset)
 
     def _targets(self, target_return: Any, n: int) -> np.ndarray:
         """(n,) float64 targets from None (the dataset's best return), a number or one per row."""
