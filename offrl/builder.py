@@ -67,6 +67,7 @@ from offrl.datasets.built import (
     resolve,
 )
 from offrl.datasets.core import Dataset, atomic_write_path
+from offrl.datasets.d4rl import D4RL_REF_SCORES
 from offrl.datasets.files import wait_for_lock
 from offrl.online.replay import ReplayBuffer
 
@@ -74,6 +75,9 @@ __all__ = ["BuildReport", "build", "load_or_build", "check_build", "sac_config",
            "BUILD_LOCK_TIMEOUT"]
 
 MEDIUM_SCORE = 100.0 / 3.0  # D4RL's medium: a third of the way from random to expert
+# Below this D4RL-normalised score an expert has not learnt the task (D4RL's SAC experts score ~100-110): its
+# kinds will not resemble D4RL's, and the medium policy (a third of the way to it) is barely above random.
+WEAK_EXPERT_D4RL_SCORE = 50.0
 _MIN_LEARNING_EVALS = 3
 _MIN_UPDATES = 1000  # no SAC run reaches a medium policy on these tasks in fewer gradient steps
 # Independent random streams (env resets, action noise) of one build.
@@ -473,6 +477,25 @@ def _ensure_namespaces(data_dir: Path, namespace: str) -> None:
             _write_json(path, {})
 
 
+def weak_expert_problem(env: str, env_id: str, expert_return: float, sac_steps: int, seed: int) -> str | None:
+    """Why a built expert is too weak to stand in for D4RL's, or None (also for envs D4RL has no scores for).
+
+    A SAC run can settle in a poor optimum, and which runs do depends on the seed and even on the CPU's floating-point
+    kernels: the same recipe learnt hopper on one machine and not on another.  The builder's own normalisation
+    (random to this expert) hides that, so compare with D4RL's expert.
+    """
+    if env not in D4RL_REF_SCORES:
+        return None
+    low, high = D4RL_REF_SCORES[env]
+    score = 100.0 * (expert_return - low) / (high - low)
+    if score >= WEAK_EXPERT_D4RL_SCORE:
+        return None
+    return (f"{env_id}: the SAC expert of this build (seed {seed}, {sac_steps:,} SAC steps) returns {expert_return:.1f}, "
+            f"a D4RL-normalised score of {score:.1f} (D4RL's {env} expert returns {high:g}); the run did not learn the "
+            f"task, so the built kinds will not resemble D4RL's. Build again with another seed (--seed) or more SAC "
+            f"steps (--sac-steps), or use --expert best if an earlier snapshot learnt it")
+
+
 # ---------------------------------------------------------------------- report
 @dataclass
 class BuildReport:
@@ -701,6 +724,9 @@ class _Builder:
         which = "final" if cfg.expert == "final" else f"best snapshot, SAC step {step:,}"
         self.log(f"expert policy ({which}): return {returns.mean():.2f} ± {returns.std():.2f} over {len(returns)} "
                  f"episodes (mean action: {deterministic['return_mean']:.2f})")
+        problem = weak_expert_problem(cfg.target.env, cfg.target.env_id, float(returns.mean()), cfg.sac_steps, cfg.seed)
+        if problem:
+            warnings.warn(problem, stacklevel=3)
 
     def select_medium(self, state: dict[str, Any]) -> None:
         cfg = self.cfg

@@ -508,3 +508,13 @@ def test_names_map_to_gymnasium_ids():
     assert parse_name("mountaincarcontinuous-random-v0").env_id == "MountainCarContinuous-v0"
     assert parse_name("car-medium-v0", env_id="MountainCarContinuous-v0").env_id == "MountainCarContinuous-v0"
     assert parse_name("ant-expert-v5").env_key == "ant-v5"
+
+
+def test_an_expert_far_below_d4rls_is_named_with_the_fix():
+    # this repository's hopper recipe (seed 0, 300k SAC steps) on one CPU: expert 2,002.5, on another 514.1
+    problem = builder_mod.weak_expert_problem("hopper", "Hopper-v5", 514.1, 300_000, 0)
+    assert problem is not None
+    for part in ("Hopper-v5", "514.1", "D4RL-normalised score of 16.4", "3234.3", "--seed", "--sac-steps"):
+        assert part in problem
+    assert builder_mod.weak_expert_problem("hopper", "Hopper-v5", 2002.5, 300_000, 0) is None
+    assert builder_mod.weak_expert_problem("pendulum", "Pendulum-v1", -1500.0, 20_000, 0) is None  # no D4RL scores
