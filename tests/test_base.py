@@ -7,6 +7,7 @@ import csv
 import math
 import subprocess
 import sys
+import warnings
 
 import gymnasium as gym
 import numpy as np
@@ -164,6 +165,19 @@ def test_precision_bf16_keeps_fp32_weights(data):
     assert algo.predict(data.observations[:3]).dtype == np.float32
     with pytest.raises(ValueError, match="precision must be one of"):
         TD3PlusBC(**SMALL, precision="fp8").fit(data, n_steps=1, progress=False)
+
+
+@pytest.mark.parametrize("capability, warns", [("AVX2", True), ("AVX512", False)])
+def test_bf16_on_a_cpu_without_avx512_warns_to_use_fp32(data, monkeypatch, capability, warns):
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        TD3PlusBC(**SMALL, precision="bf16", random_state=0).fit(data, n_steps=2, progress=False)
+        TD3PlusBC(**SMALL, precision="fp32", random_state=0).fit(data, n_steps=2, progress=False)
+    messages = [str(w.message) for w in caught if "emulated bf16" in str(w.message)]
+    assert len(messages) == int(warns)
+    if warns:
+        assert "TD3PlusBC(precision='bf16')" in messages[0] and "AVX2" in messages[0] and "precision='fp32'" in messages[0]
 
 
 # ---------------------------------------------------------------------- evaluation

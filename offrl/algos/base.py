@@ -82,6 +82,15 @@ def make_adam(params: Iterable[torch.Tensor], lr: float, device: torch.device | 
     return torch.optim.Adam(params, lr=lr, foreach=device.type != "mps", **kwargs)
 
 
+def cpu_lacks_fast_bf16() -> bool:
+    """Whether torch's CPU kernels emulate bf16 here: x86 without AVX-512 (torch's capability "AVX2" or "NO AVX").
+
+    Measured on such a CPU (an AVX2 EPYC, benchmarks/RESULTS.md): bf16 matmuls ran 1.3 GFLOP/s against 68 in
+    fp32, and IQL trained 10x slower in bf16.  Other architectures are not judged.
+    """
+    return torch.backends.cpu.get_cpu_capability() in ("AVX2", "NO AVX")
+
+
 def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
     """bf16 autocast for `precision="bf16"` (parameters and optimiser state stay fp32), nothing for "fp32"."""
     if precision == "fp32":
@@ -568,6 +577,10 @@ class OfflineAlgorithm(BaseEstimator):
             log_path.mkdir(parents=True, exist_ok=True)
         checkpoint_path = None if log_path is None else log_path / "checkpoint.pt"
         device = self.device_
+        if precision == "bf16" and device.type == "cpu" and cpu_lacks_fast_bf16():
+            warnings.warn(f"{type(self).__name__}(precision='bf16') on this CPU (torch capability "
+                          f"{torch.backends.cpu.get_cpu_capability()}, no AVX-512) runs emulated bf16 kernels, about "
+                          "10x slower than fp32 where measured; use precision='fp32' on this machine", stacklevel=2)
         if dataset.discrete_actions is not None and not self.supports_discrete_actions:
             raise ValueError(
                 f"{type(self).__name__} needs continuous actions but the dataset has a discrete action space "
