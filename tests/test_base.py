@@ -180,6 +180,25 @@ def test_bf16_on_a_cpu_without_avx512_warns_to_use_fp32(data, monkeypatch, capab
         assert "TD3PlusBC(precision='bf16')" in messages[0] and "AVX2" in messages[0] and "precision='fp32'" in messages[0]
 
 
+def test_bf16_warning_covers_online_training(data, monkeypatch):
+    """The emulated-bf16 warning is given before online runs too: fine-tuning and SAC's own `fit_online`."""
+    from offrl.algos import SAC
+
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    algo = TD3PlusBC(**SMALL, precision="bf16", random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        algo.fit(data, n_steps=2, progress=False)
+    sac = SAC(hidden_dims=(32, 32), batch_size=32, learning_starts=5, precision="bf16", random_state=0)
+    for name, run in [("TD3PlusBC", lambda: algo.fit_online("Pendulum-v1", 10, progress=False)),
+                      ("SAC", lambda: sac.fit_online("Pendulum-v1", 10, progress=False))]:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            run()
+        messages = [str(w.message) for w in caught if "emulated bf16" in str(w.message)]
+        assert len(messages) == 1 and f"{name}(precision='bf16')" in messages[0], (name, messages)
+
+
 # ---------------------------------------------------------------------- evaluation
 def test_evaluate_single_and_vector_env(data):
     algo = BC(**SMALL, random_state=0).fit(data, n_steps=10, progress=False)

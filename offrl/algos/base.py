@@ -91,6 +91,19 @@ def cpu_lacks_fast_bf16() -> bool:
     return torch.backends.cpu.get_cpu_capability() in ("AVX2", "NO AVX")
 
 
+def check_precision(owner: str, precision: str, device: torch.device) -> None:
+    """Refuse an unknown `precision`; warn when bf16 would run emulated on this CPU (see `cpu_lacks_fast_bf16`).
+
+    Called once before a training run, offline (`fit`) and online (`fit_online`) alike.
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if precision == "bf16" and torch.device(device).type == "cpu" and cpu_lacks_fast_bf16():
+        warnings.warn(f"{owner}(precision='bf16') on this CPU (torch capability "
+                      f"{torch.backends.cpu.get_cpu_capability()}, no AVX-512) runs emulated bf16 kernels, about "
+                      "10x slower than fp32 where measured; use precision='fp32' on this machine", stacklevel=3)
+
+
 def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
     """bf16 autocast for `precision="bf16"` (parameters and optimiser state stay fp32), nothing for "fp32"."""
     if precision == "fp32":
@@ -569,18 +582,12 @@ class OfflineAlgorithm(BaseEstimator):
             raise ValueError(f"checkpoint_every must be a positive number of steps, got {checkpoint_every}")
         if (checkpoint_every or resume) and log_dir is None:
             raise ValueError("checkpoint_every and resume need a log_dir to keep the checkpoint in")
-        precision = getattr(self, "precision", "fp32")
-        if precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
         log_path = None if log_dir is None else Path(log_dir)
         if log_path is not None:
             log_path.mkdir(parents=True, exist_ok=True)
         checkpoint_path = None if log_path is None else log_path / "checkpoint.pt"
         device = self.device_
-        if precision == "bf16" and device.type == "cpu" and cpu_lacks_fast_bf16():
-            warnings.warn(f"{type(self).__name__}(precision='bf16') on this CPU (torch capability "
-                          f"{torch.backends.cpu.get_cpu_capability()}, no AVX-512) runs emulated bf16 kernels, about "
-                          "10x slower than fp32 where measured; use precision='fp32' on this machine", stacklevel=2)
+        check_precision(type(self).__name__, getattr(self, "precision", "fp32"), device)
         if dataset.discrete_actions is not None and not self.supports_discrete_actions:
             raise ValueError(
                 f"{type(self).__name__} needs continuous actions but the dataset has a discrete action space "
@@ -688,6 +695,7 @@ class OfflineAlgorithm(BaseEstimator):
         from offrl.online.strategies import resolve_strategy
 
         self._check_fitted()
+        check_precision(type(self).__name__, getattr(self, "precision", "fp32"), self.device_)
         if not (self.has_critic and isinstance(getattr(self, "policy_", None), nn.Module)):
             raise ValueError(f"{type(self).__name__} has no policy and critic to continue online; fine-tune an "
                              "algorithm with both (TD3PlusBC, IQL, CQL, CalQL)")

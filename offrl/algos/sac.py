@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 import torch
 
-from offrl.algos.base import BaseEstimator, _seed_from, make_adam
+from offrl.algos.base import BaseEstimator, _seed_from, check_precision, make_adam
 from offrl.algos.params import boolean, integer, real
 from offrl.algos.losses import LearnedScale, critic_td_loss, sac_actor_loss, temperature_loss
 from offrl.datasets.core import Batch
@@ -332,8 +332,7 @@ class SAC(BaseEstimator):
         self.check_params()
         envs = make_envs(env, n_envs)
         n_steps = int(self.n_steps if n_steps is None else n_steps)
-        if self.precision not in ("fp32", "bf16"):
-            raise ValueError(f"precision must be 'fp32' or 'bf16', got {self.precision!r}")
+        check_precision("SAC", self.precision, self.device_)
         spec = self.spec_from_env(envs[0])
         if checkpoint_path is None and log_dir is not None:
             checkpoint_path = Path(log_dir) / "checkpoint.pt"
