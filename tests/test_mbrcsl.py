@@ -194,6 +194,24 @@ def test_model_steps_go_through_the_elites_only(pendulum):
 # ---------------------------------------------------------------------------------------------- roll-outs
 
 
+def test_a_rollout_batch_stops_once_every_rollout_has_ended(pendulum, monkeypatch):
+    algo = MBRCSL(**TINY, random_state=0).fit(pendulum, n_steps=1, progress=False)
+    dynamics, step = algo.dynamics_, algo.dynamics_.step
+
+    def falls_at_once(obs, actions, generator):  # the model says every state terminates (a hopper's fall)
+        nxt, rewards, p_terminal = step(obs, actions, generator)
+        return nxt, rewards, torch.ones_like(p_terminal)
+
+    monkeypatch.setattr(dynamics, "step", falls_at_once)
+    dynamics.has_terminals.fill_(True)
+    columns, mask = algo._rollout_batch(torch.from_numpy(pendulum.observations[:5]), 15,
+                                        torch.Generator().manual_seed(0))
+    assert mask.shape == (5, 1) and mask.all() and columns["terminals"].all()
+    assert columns["observations"].shape == (5, 1, pendulum.observation_dim)
+    kept = algo._rollouts(pendulum, torch.Generator().manual_seed(0))  # threshold -1e9: every roll-out kept
+    assert kept is not None and (kept.episode_lengths() == 1).all() and kept.terminals.all()
+
+
 def test_kept_rollouts_beat_the_threshold_and_mix_dataset_adds_the_logged_episodes(pendulum):
     threshold = float(np.median(pendulum.episode_returns()))
     algo = MBRCSL(**{**TINY, "return_threshold": threshold, "max_rollout_batches": 2, "n_rollouts": 1000},

@@ -240,8 +240,9 @@ class MBRCSL(RvS):
     @torch.no_grad()
     def _rollout_batch(self, starts: torch.Tensor, horizon: int, generator: torch.Generator
                        ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        """Roll the behaviour policy out in the model from `starts` (B, obs_dim): (B, H, ...) columns and the
-        (B, H) mask of real steps (a roll-out ends at a sampled termination)."""
+        """Roll the behaviour policy out in the model from `starts` (B, obs_dim): (B, H', ...) columns and the
+        (B, H') mask of real steps (a roll-out ends at a sampled termination).  H' <= `horizon`: the batch stops
+        once every roll-out has ended, since later steps would all be masked (hopper's falls end most early)."""
         policy, dynamics = self.behavior_policy_, self.dynamics_
         b = len(starts)
         alive = torch.ones(b, dtype=torch.bool, device=starts.device)
@@ -260,6 +261,8 @@ class MBRCSL(RvS):
             masks.append(alive)
             alive = alive & ~terminal
             obs = nxt
+            if not bool(alive.any()):
+                break
         return {k: torch.stack(v, dim=1) for k, v in columns.items()}, torch.stack(masks, dim=1)
 
     def _rollouts(self, dataset: Dataset, generator: torch.Generator) -> Dataset | None:
@@ -276,7 +279,7 @@ class MBRCSL(RvS):
             pick = torch.randint(len(starts), (int(self.rollout_batch_size),), generator=generator, device=device)
             columns, mask = self._rollout_batch(starts[pick], horizon, generator)
             returns = torch.where(mask, columns["rewards"], 0.0).double().sum(1)
-            finite = torch.stack([torch.isfinite(v.float()).reshape(len(mask), horizon, -1).all(-1)
+            finite = torch.stack([torch.isfinite(v.float()).reshape(*mask.shape, -1).all(-1)
                                   for v in columns.values()]).all(0)
             ok = (finite | ~mask).all(1)  # a roll-out the model sent to inf or NaN is never kept
             n_tried += len(returns)
