@@ -569,6 +569,25 @@ def _summary(ds: Dataset, ref_min: float, ref_max: float) -> dict[str, Any]:
     }
 
 
+def software_versions() -> dict[str, str]:
+    """The versions a SAC run's numbers depend on, recorded with the run (not part of its cache key).
+
+    The same recipe and seed learnt Hopper on one machine and plateaued on others (benchmarks/RESULTS.md,
+    "Dataset builds"); a record of torch, numpy, gymnasium and MuJoCo and of torch's CPU kernels says which.
+    """
+    import importlib.metadata
+    import platform
+
+    versions = {"python": platform.python_version(), "torch": torch.__version__,
+                "cpu_capability": str(torch.backends.cpu.get_cpu_capability())}
+    for package in ("numpy", "gymnasium", "mujoco"):
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = "not installed"
+    return versions
+
+
 # ---------------------------------------------------------------------- the build
 class _Builder:
     def __init__(self, cfg: _Config, data_dir: Path, progress: bool) -> None:
@@ -654,6 +673,9 @@ class _Builder:
         if state.get("trained") and self.replay_path.exists():
             return
         cfg = self.cfg
+        if "software" not in state:  # the versions the run started with (a resumed run keeps its first record)
+            state["software"] = software_versions()
+            self.save_state(state)
         sac = cfg.make_sac()
         eval_seeds = [episode_seed(cfg.seed, _EVAL, k) for k in range(cfg.eval_episodes)]
         learning_starts = int(cfg.sac_params["learning_starts"])
@@ -841,6 +863,7 @@ class _Builder:
             "ref_max_score": ref_max,
             "medium_eval_score": medium["eval_score"],
             "expert_deterministic_return": expert.get("deterministic_return_mean"),
+            "software": state.get("software"),  # None for a SAC run recorded before versions were
             **_summary(ds, ref_min, ref_max),
         }
         description = (

@@ -125,6 +125,21 @@ def test_scores_and_medium_choice(built):
     assert np.isfinite(normalized_score(datasets["expert"], returns)).all()
 
 
+def test_the_run_and_its_datasets_record_the_software_versions(built):
+    import importlib.metadata
+    import json
+    from pathlib import Path
+
+    report = built["report"]
+    run = json.loads((Path(report.run_dir) / "run.json").read_text())
+    software = run["software"]
+    assert software["torch"] == torch.__version__ and software["mujoco"] == importlib.metadata.version("mujoco")
+    assert software["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert "software" not in run["config"]  # a record, not part of the cache key
+    for info in report.datasets.values():
+        assert info["software"] == software
+
+
 def test_load_scheme_and_cache(built, monkeypatch):
     monkeypatch.setenv("OFFRL_DATA_DIR", str(built["dir"]))
     ds = offrl.datasets.load("offrl:pendulum-medium-v1", **LOAD)
