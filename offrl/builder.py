@@ -480,8 +480,8 @@ def _ensure_namespaces(data_dir: Path, namespace: str) -> None:
 def weak_expert_problem(env: str, env_id: str, expert_return: float, sac_steps: int, seed: int) -> str | None:
     """Why a built expert is too weak to stand in for D4RL's, or None (also for envs D4RL has no scores for).
 
-    A SAC run can settle in a poor optimum, and which runs do depends on the seed and even on the CPU's floating-point
-    kernels: the same recipe learnt hopper on one machine and not on another.  The builder's own normalisation
+    A SAC run can settle in a poor optimum, and which runs do depends on the seed and even on the MuJoCo release:
+    the same recipe and seed learnt hopper under MuJoCo 3.17.0 and not under 4.0.0.  The builder's own normalisation
     (random to this expert) hides that, so compare with D4RL's expert.
     """
     if env not in D4RL_REF_SCORES:
