@@ -212,6 +212,31 @@ def test_a_rollout_batch_stops_once_every_rollout_has_ended(pendulum, monkeypatc
     assert kept is not None and (kept.episode_lengths() == 1).all() and kept.terminals.all()
 
 
+def test_kept_batches_of_different_lengths_join_into_one_dataset(pendulum, monkeypatch):
+    """A batch stops when its last roll-out ends, so kept batches differ in length (hopper: 875 and 843 steps)."""
+    algo = MBRCSL(**{**TINY, "n_rollouts": 1000, "max_rollout_batches": 2}, random_state=0).fit(
+        pendulum, n_steps=1, progress=False)
+    dynamics, step = algo.dynamics_, algo.dynamics_.step
+    calls = []
+
+    def falls_on_calls_0_and_3(obs, actions, generator):  # batch 0 ends after 1 step, batch 1 after 3
+        nxt, rewards, p_terminal = step(obs, actions, generator)
+        calls.append(len(calls))
+        return nxt, rewards, torch.full_like(p_terminal, float(calls[-1] in (0, 3)))
+
+    monkeypatch.setattr(dynamics, "step", falls_on_calls_0_and_3)
+    dynamics.has_terminals.fill_(True)
+    kept = algo._rollouts(pendulum, torch.Generator().manual_seed(0))
+    assert len(calls) == 4 and algo.n_rollouts_kept_ == 16
+    assert kept.n_episodes == 16 and (kept.episode_lengths() == [1] * 8 + [3] * 8).all()
+    ends = np.asarray(kept.episode_starts[1:]) - 1
+    assert kept.terminals[ends].all() and kept.terminals.sum() == 16
+    # each roll-out's steps are contiguous: a step's next observation is the following step's observation
+    second = kept.episode_starts[8]
+    inner = np.setdiff1d(np.arange(second, kept.n_transitions), ends)
+    np.testing.assert_array_equal(kept.next_observations[inner], kept.observations[inner + 1])
+
+
 def test_kept_rollouts_beat_the_threshold_and_mix_dataset_adds_the_logged_episodes(pendulum):
     threshold = float(np.median(pendulum.episode_returns()))
     algo = MBRCSL(**{**TINY, "return_threshold": threshold, "max_rollout_batches": 2, "n_rollouts": 1000},

@@ -297,9 +297,10 @@ class MBRCSL(RvS):
         self.kept_return_max_ = float(max(r.max() for r in kept_returns)) if kept_returns else math.nan
         if not kept:
             return None
-        mask = np.concatenate([k["mask"] for k in kept])
-        flat = {key: np.concatenate([k[key] for k in kept])[mask] for key in kept[0] if key != "mask"}
-        lengths = mask.sum(1)
+        # Batches stop when their last roll-out ends, so they differ in length: flatten each by its own mask (a
+        # prefix of each row, so every roll-out's steps stay contiguous and in order), then join them.
+        flat = {key: np.concatenate([k[key][k["mask"]] for k in kept]) for key in kept[0] if key != "mask"}
+        lengths = np.concatenate([k["mask"].sum(1) for k in kept])
         return Dataset.from_arrays(
             flat["observations"], flat["actions"], flat["rewards"], terminals=flat["terminals"].astype(np.float32),
             next_observations=flat["next_observations"], episode_starts=np.concatenate([[0], np.cumsum(lengths)]),
