@@ -25,7 +25,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 TINY = dict(hidden_dims=(16, 16), batch_size=16, n_models=3, n_elites=2, dynamics_hidden_dims=(16, 16),
             dynamics_n_steps=30, behavior_hidden_dims=(16,), behavior_n_steps=30, rollout_batch_size=8, n_rollouts=4,
-            max_rollout_batches=3, return_threshold=-1e9, device="cpu")
+            max_rollout_batches=3, return_threshold=-1e9, rollout_range_margin=None, device="cpu")
+# (the range check is off for these barely trained models, which leave the tiny data's range at once; it has its
+# own test with a wide margin)
 
 
 def state_of(algo) -> dict[str, torch.Tensor]:
@@ -204,8 +206,9 @@ def test_a_rollout_batch_stops_once_every_rollout_has_ended(pendulum, monkeypatc
 
     monkeypatch.setattr(dynamics, "step", falls_at_once)
     dynamics.has_terminals.fill_(True)
-    columns, mask = algo._rollout_batch(torch.from_numpy(pendulum.observations[:5]), 15,
-                                        torch.Generator().manual_seed(0))
+    columns, mask, left = algo._rollout_batch(torch.from_numpy(pendulum.observations[:5]), 15,
+                                              torch.Generator().manual_seed(0), algo._data_box(pendulum))
+    assert not left.any()  # a terminal step's next state is not checked against the data's range
     assert mask.shape == (5, 1) and mask.all() and columns["terminals"].all()
     assert columns["observations"].shape == (5, 1, pendulum.observation_dim)
     kept = algo._rollouts(pendulum, torch.Generator().manual_seed(0))  # threshold -1e9: every roll-out kept
@@ -235,6 +238,42 @@ def test_kept_batches_of_different_lengths_join_into_one_dataset(pendulum, monke
     second = kept.episode_starts[8]
     inner = np.setdiff1d(np.arange(second, kept.n_transitions), ends)
     np.testing.assert_array_equal(kept.next_observations[inner], kept.observations[inner + 1])
+
+
+def test_rollouts_that_leave_the_logged_range_stop_there_and_are_never_kept(pendulum, monkeypatch):
+    """Hopper medium's kept roll-outs left the data within ~80 steps and reached model returns of 100,000+."""
+    params = {**TINY, "n_rollouts": 1000, "max_rollout_batches": 1}
+    algo = MBRCSL(**{**params, "rollout_range_margin": 10.0}, random_state=0).fit(pendulum, n_steps=1,
+                                                                                  progress=False)
+    dynamics, step = algo.dynamics_, algo.dynamics_.step
+    low, high = algo._data_box(pendulum)
+    width = pendulum.rewards.max() - pendulum.rewards.min()
+    assert float(high[-1]) == pytest.approx(pendulum.rewards.max() + 10 * width, rel=1e-5)
+    calls = []
+
+    def escapes(obs, actions, generator):  # on the third step rows 0-1 leave by their state, rows 2-3 by reward
+        nxt, rewards, p_terminal = step(obs, actions, generator)
+        calls.append(len(calls))
+        if calls[-1] == 2:
+            nxt, rewards = nxt.clone(), rewards.clone()
+            nxt[:2, 0] = 1e3
+            rewards[2:4] = 1e3
+        return nxt, rewards, p_terminal
+
+    monkeypatch.setattr(dynamics, "step", escapes)
+    columns, mask, left = algo._rollout_batch(torch.from_numpy(pendulum.observations[:8]), 15,
+                                              torch.Generator().manual_seed(0), (low, high))
+    assert left.tolist() == [True] * 4 + [False] * 4
+    assert mask[:4].sum(1).tolist() == [3] * 4 and mask[4:].all()  # they stop at the step that left
+    calls.clear()
+    kept = algo._rollouts(pendulum, torch.Generator().manual_seed(0))  # threshold -1e9: all but those kept
+    assert algo.n_rollouts_left_data_ == 4 and algo.n_rollouts_kept_ == 4 == kept.n_episodes
+    assert np.abs(kept.rewards).max() < 1e3 and np.abs(kept.next_observations).max() < 1e3
+    unchecked = MBRCSL(**params, random_state=0).fit(pendulum, n_steps=1, progress=False)
+    monkeypatch.setattr(unchecked.dynamics_, "step", escapes)
+    calls.clear()
+    assert unchecked._rollouts(pendulum, torch.Generator().manual_seed(0)).n_episodes == 8
+    assert unchecked.n_rollouts_left_data_ == 0
 
 
 def test_kept_rollouts_beat_the_threshold_and_mix_dataset_adds_the_logged_episodes(pendulum):

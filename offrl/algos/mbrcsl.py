@@ -10,7 +10,8 @@ it has no action to copy.  MBRCSL makes the stitched trajectories itself:
 2. fit a behaviour policy to the logged actions;
 3. roll the behaviour policy out in the model from logged initial states
    (each step through a random elite, with the model's noise) and keep the
-   roll-outs whose model return beats `return_threshold` (default: the
+   roll-outs that stay inside the logged range (`rollout_range_margin`) and
+   whose model return beats `return_threshold` (default: the
    best complete logged episode's return, see `rcsl.best_complete_episode`), until `n_rollouts` are kept or
    `max_rollout_batches` batches were tried;
 4. train RCSL (RvS's network, loss, commands and actor, from
@@ -68,9 +69,15 @@ class MBRCSL(RvS):
     departures); the roll-out horizon defaults to the longest logged
     episode (theirs: the task's horizon); returns enter the RCSL network
     times `return_scale` and observations are normalised; there is no
-    holdout-based choice of the RCSL epoch.
+    holdout-based choice of the RCSL epoch.  One addition: a roll-out whose
+    predicted next observation or reward leaves the logged range, widened by
+    `rollout_range_margin` (0.1) of its width on each side, stops there and
+    is never kept (None turns the check off, as in the authors' code, whose
+    hopper dynamics end roll-outs with the task's known termination
+    function instead; offrl's model has no such function).
 
     Fitted attributes: `n_rollouts_` (tried), `n_rollouts_kept_`,
+    `n_rollouts_left_data_` (dropped for leaving the logged range),
     `rollout_return_max_` (best model return of any roll-out),
     `kept_return_max_` (NaN when none was kept), `return_threshold_`, `rcsl_data_` ("rollouts",
     "rollouts+dataset" or "dataset"), `dynamics_loss_`, `behavior_loss_`.
@@ -86,6 +93,7 @@ class MBRCSL(RvS):
         "behavior_hidden_dims": layer_sizes(), "behavior_lr": _POSITIVE, "behavior_n_steps": integer(0),
         "rollout_horizon": integer(1, none=True), "rollout_batch_size": integer(1), "n_rollouts": integer(1),
         "max_rollout_batches": integer(1), "return_threshold": real(none=True), "mix_dataset": boolean(),
+        "rollout_range_margin": real(0, None, none=True),
     }
 
     def __init__(
@@ -116,6 +124,7 @@ class MBRCSL(RvS):
         max_rollout_batches: int = 1000,
         return_threshold: float | None = None,
         mix_dataset: bool = False,
+        rollout_range_margin: float | None = 0.1,
         normalize_observations: bool = True,
         precision: str = "fp32",
         compile: bool | str = False,
@@ -144,6 +153,7 @@ class MBRCSL(RvS):
         self.max_rollout_batches = max_rollout_batches
         self.return_threshold = return_threshold
         self.mix_dataset = mix_dataset
+        self.rollout_range_margin = rollout_range_margin
 
     def check_params(self) -> None:
         super().check_params()
@@ -206,7 +216,8 @@ class MBRCSL(RvS):
         if rollouts is None:
             warnings.warn(
                 f"MBRCSL: none of the {self.n_rollouts_} model roll-outs beat the return threshold "
-                f"{self.return_threshold_:.6g} (best roll-out: {self.rollout_return_max_:.6g}), so the RCSL policy "
+                f"{self.return_threshold_:.6g} (best roll-out: {self.rollout_return_max_:.6g}; "
+                f"{self.n_rollouts_left_data_} left the logged range and were dropped), so the RCSL policy "
                 "trains on the logged dataset instead (as RvS would); train the model or the behaviour policy longer, "
                 "roll out more (max_rollout_batches) or lower return_threshold", RuntimeWarning, stacklevel=4)
             self.rcsl_data_ = "dataset"
@@ -237,15 +248,31 @@ class MBRCSL(RvS):
             optimizer.step()
         return float(loss.detach())
 
+    def _data_box(self, dataset: Dataset) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(low, high) over (observation..., reward): the logged range widened by `rollout_range_margin` times its
+        width on each side (None when the margin is None: no check)."""
+        if self.rollout_range_margin is None:
+            return None
+        values = np.concatenate([np.concatenate([dataset.observations, dataset.next_observations]),
+                                 np.concatenate([dataset.rewards, dataset.rewards])[:, None]], axis=1)
+        low, high = values.min(0).astype(np.float64), values.max(0).astype(np.float64)
+        margin = float(self.rollout_range_margin) * (high - low)
+        as_tensor = lambda x: torch.as_tensor(x, dtype=torch.float32, device=self.device_)  # noqa: E731
+        return as_tensor(low - margin), as_tensor(high + margin)
+
     @torch.no_grad()
-    def _rollout_batch(self, starts: torch.Tensor, horizon: int, generator: torch.Generator
-                       ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        """Roll the behaviour policy out in the model from `starts` (B, obs_dim): (B, H', ...) columns and the
-        (B, H') mask of real steps (a roll-out ends at a sampled termination).  H' <= `horizon`: the batch stops
-        once every roll-out has ended, since later steps would all be masked (hopper's falls end most early)."""
+    def _rollout_batch(self, starts: torch.Tensor, horizon: int, generator: torch.Generator,
+                       box: tuple[torch.Tensor, torch.Tensor] | None = None
+                       ) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+        """Roll the behaviour policy out in the model from `starts` (B, obs_dim): (B, H', ...) columns, the
+        (B, H') mask of real steps (a roll-out ends at a sampled termination) and the (B,) flags of the roll-outs
+        that left `box` (a predicted next observation or reward outside it; such a roll-out stops there).
+        H' <= `horizon`: the batch stops once every roll-out has ended, since later steps would all be masked
+        (hopper's falls end most early)."""
         policy, dynamics = self.behavior_policy_, self.dynamics_
         b = len(starts)
         alive = torch.ones(b, dtype=torch.bool, device=starts.device)
+        left = torch.zeros(b, dtype=torch.bool, device=starts.device)
         obs, columns, masks = starts, {k: [] for k in ("observations", "actions", "rewards", "next_observations",
                                                        "terminals")}, []
         for _ in range(horizon):
@@ -259,30 +286,46 @@ class MBRCSL(RvS):
                                ("next_observations", nxt), ("terminals", terminal & alive)):
                 columns[key].append(value)
             masks.append(alive)
+            if box is not None:  # NaN compares False, so it leaves the box too
+                low, high = box
+                reward_out = ~((rewards >= low[-1]) & (rewards <= high[-1]))
+                # a terminal step's next state is not one the environment reaches (the model does not learn it)
+                state_out = ~((nxt >= low[:-1]) & (nxt <= high[:-1])).all(1) & ~terminal
+                outside = reward_out | state_out
+                left = left | (alive & outside)
+                alive = alive & ~outside
             alive = alive & ~terminal
             obs = nxt
             if not bool(alive.any()):
                 break
-        return {k: torch.stack(v, dim=1) for k, v in columns.items()}, torch.stack(masks, dim=1)
+        return {k: torch.stack(v, dim=1) for k, v in columns.items()}, torch.stack(masks, dim=1), left
 
     def _rollouts(self, dataset: Dataset, generator: torch.Generator) -> Dataset | None:
-        """Batches of roll-outs until `n_rollouts` beat the threshold; the kept ones as a Dataset (None if none)."""
+        """Batches of roll-outs until `n_rollouts` beat the threshold; the kept ones as a Dataset (None if none).
+
+        A roll-out that leaves the logged range (`rollout_range_margin`) is never kept: past that point the
+        model extrapolates, and selecting roll-outs for a high model return favours exactly those (hopper medium:
+        model returns of 100,000+ where a logged step pays at most 5.2).  It is dropped whole rather than cut at
+        the exit, since a cut roll-out's partial return does not compare with a complete episode's (with
+        Pendulum's costs, any short cut "beats" every whole episode)."""
         device = self.device_
         starts = torch.from_numpy(dataset.observations[dataset.episode_starts[:-1]]).to(device)
         horizon = int(self.rollout_horizon or dataset.episode_lengths().max())
         threshold = (target_spec(dataset)["target_return"] if self.return_threshold is None
                      else float(self.return_threshold))
+        box = self._data_box(dataset)
         kept: list[dict[str, np.ndarray]] = []
         kept_returns: list[np.ndarray] = []
-        n_tried, n_kept, best = 0, 0, -math.inf
+        n_tried, n_kept, n_left, best = 0, 0, 0, -math.inf
         for _ in range(int(self.max_rollout_batches)):
             pick = torch.randint(len(starts), (int(self.rollout_batch_size),), generator=generator, device=device)
-            columns, mask = self._rollout_batch(starts[pick], horizon, generator)
+            columns, mask, left = self._rollout_batch(starts[pick], horizon, generator, box)
             returns = torch.where(mask, columns["rewards"], 0.0).double().sum(1)
             finite = torch.stack([torch.isfinite(v.float()).reshape(*mask.shape, -1).all(-1)
                                   for v in columns.values()]).all(0)
-            ok = (finite | ~mask).all(1)  # a roll-out the model sent to inf or NaN is never kept
+            ok = (finite | ~mask).all(1) & ~left  # a roll-out the model sent to inf, NaN or out of range: never kept
             n_tried += len(returns)
+            n_left += int(left.sum())
             if ok.any():
                 best = max(best, float(returns[ok].max()))
             keep = ok & (returns > threshold)
@@ -292,6 +335,7 @@ class MBRCSL(RvS):
                 n_kept += int(keep.sum())
             if n_kept >= int(self.n_rollouts):
                 break
+        self.n_rollouts_left_data_ = n_left
         self.n_rollouts_, self.n_rollouts_kept_ = n_tried, n_kept
         self.rollout_return_max_, self.return_threshold_ = best, threshold
         self.kept_return_max_ = float(max(r.max() for r in kept_returns)) if kept_returns else math.nan
