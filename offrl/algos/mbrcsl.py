@@ -257,8 +257,8 @@ class MBRCSL(RvS):
                                  np.concatenate([dataset.rewards, dataset.rewards])[:, None]], axis=1)
         low, high = values.min(0).astype(np.float64), values.max(0).astype(np.float64)
         margin = float(self.rollout_range_margin) * (high - low)
-        as_tensor = lambda x: torch.as_tensor(x, dtype=torch.float32, device=self.device_)  # noqa: E731
-        return as_tensor(low - margin), as_tensor(high + margin)
+        return (torch.as_tensor(low - margin, dtype=torch.float32, device=self.device_),
+                torch.as_tensor(high + margin, dtype=torch.float32, device=self.device_))
 
     @torch.no_grad()
     def _rollout_batch(self, starts: torch.Tensor, horizon: int, generator: torch.Generator,
