@@ -253,9 +253,10 @@ class MBRCSL(RvS):
         width on each side (None when the margin is None: no check)."""
         if self.rollout_range_margin is None:
             return None
-        values = np.concatenate([np.concatenate([dataset.observations, dataset.next_observations]),
-                                 np.concatenate([dataset.rewards, dataset.rewards])[:, None]], axis=1)
-        low, high = values.min(0).astype(np.float64), values.max(0).astype(np.float64)
+        low = np.append(np.minimum(dataset.observations.min(0), dataset.next_observations.min(0)),
+                        dataset.rewards.min()).astype(np.float64)
+        high = np.append(np.maximum(dataset.observations.max(0), dataset.next_observations.max(0)),
+                         dataset.rewards.max()).astype(np.float64)
         margin = float(self.rollout_range_margin) * (high - low)
         return (torch.as_tensor(low - margin, dtype=torch.float32, device=self.device_),
                 torch.as_tensor(high + margin, dtype=torch.float32, device=self.device_))
