@@ -6,8 +6,10 @@ estimator's declared rules, every environment against gymnasium's registry,
 every name that becomes a folder against `check_path_name`, and no YAML key
 twice.  Each run owns a directory holding its resolved config and hash,
 training/eval CSVs, a checkpoint, the model and `result.json`; a run whose
-`result.json` matches its config hash is skipped, so a stopped sweep resumes
-where it left off.  One process at a time writes a run's directory (it holds
+`result.json` matches its config hash (and the parameters, defaults included,
+that the code would build it with now) is skipped, and an interrupted run
+resumes its checkpoint, so a stopped sweep resumes where it left off.  What a
+different configuration left in a run's directory is removed before it trains.  One process at a time writes a run's directory (it holds
 the directory's lock), and pool workers die with the sweep's process.  Runs
 execute in a local process pool or as Ray tasks, with the same outputs.
 
@@ -27,6 +29,7 @@ import json
 import numbers
 import os
 import re
+import shutil
 import signal
 import sys
 import threading
@@ -1043,13 +1046,18 @@ def _execute_locked(run: Mapping[str, Any], run_dir: Path, base: dict[str, Any])
     import torch
 
     existing = read_result(run_dir)
-    if existing is not None and existing.get("hash") == run["hash"]:
+    try:
+        resolved = resolved_params(run)
+    except Exception:  # parameters the code no longer accepts: recorded like any other failure
+        return _record_failure(run_dir, base)
+    if existing is not None and result_matches(run, existing, resolved):
         missing = ope_missing(run, existing)
         if missing:  # trained already: add the estimates it lacks, from its saved model
             return _add_ope(run, run_dir, base, existing, missing)
         return {**existing, "skipped": True}
+    _clear_other_config(run_dir, run, resolved)
     torch.set_num_threads(int(run.get("threads", 1)))
-    _write_json(run_dir / "config.json", {k: v for k, v in run.items() if k != "threads"})
+    _write_json(run_dir / "config.json", {**{k: v for k, v in run.items() if k != "threads"}, "resolved_params": resolved})
     started = time.time()
     online = run.get("online")
     try:
@@ -1079,7 +1087,7 @@ def _execute_locked(run: Mapping[str, Any], run_dir: Path, base: dict[str, Any])
                 _save_model(algo, labelers, run, run_dir / "model_offline.pt")
             online_history = _fit_online(algo, run, dataset, env, run_dir / "online")
         _save_model(algo, labelers, run, run_dir / "model.pt")
-        result = {**base, "status": "ok"}
+        result = {**base, "status": "ok", "resolved_params": resolved}
         if online:
             result.update(_online_result(run, offline_history, online_history))
         else:
@@ -1110,10 +1118,86 @@ def _execute_locked(run: Mapping[str, Any], run_dir: Path, base: dict[str, Any])
         _write_json(run_dir / "result.json", result)
         return result
     except Exception:
-        text = traceback.format_exc()
-        with atomic_write_path(run_dir / "error.txt") as tmp, open(tmp, "w") as f:
-            f.write(text)
-        return {**base, "status": "failed", "error": text.strip().splitlines()[-1]}
+        return _record_failure(run_dir, base)
+
+
+def _record_failure(run_dir: Path, base: dict[str, Any]) -> dict[str, Any]:
+    """Write the exception being handled to the run's error.txt; the failed run's row."""
+    text = traceback.format_exc()
+    with atomic_write_path(run_dir / "error.txt") as tmp, open(tmp, "w") as f:
+        f.write(text)
+    return {**base, "status": "failed", "error": text.strip().splitlines()[-1]}
+
+
+def resolved_params(run: Mapping[str, Any]) -> dict[str, Any]:
+    """Every parameter the run's estimator (and labellers) will be built with, defaults included, JSON-shaped.
+
+    The run hash holds the params as written; this catches what the hash cannot: a
+    default changed in the code since a result (or a checkpoint) was made.
+    """
+    template = _learner_class(run["algorithm"])(**run["params"])  # never trained: only its params are read
+    resolved = {"algorithm": _plain_params(template)}
+    if run.get("labelers"):
+        resolved["labelers"] = [[name, _plain_params(labeler)] for name, labeler in
+                                make_labelers(run["labelers"], seed=run["seed"], device=run.get("device"))]
+    return json.loads(json.dumps(resolved))  # as it reads back from result.json (tuples become lists)
+
+
+# Set per run by the sweep (the seed, the device, the logging period), not by the algorithm's code.
+_RUN_LEVEL_PARAMS = frozenset({"random_state", "device", "log_every"})
+
+
+def _plain_params(estimator: Any) -> dict[str, Any]:
+    return {key: _plain(value) for key, value in sorted(estimator.get_params(deep=False).items())
+            if key not in _RUN_LEVEL_PARAMS}
+
+
+def _plain(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if hasattr(value, "get_params"):  # a nested estimator (a GORL Guide): its class and its own params
+        return {"class": type(value).__name__, "params": _plain_params(value)}
+    return {"class": type(value).__name__}  # data objects (a Dataset given in Python): the type is all that is stable
+
+
+def result_matches(run: Mapping[str, Any], result: Mapping[str, Any], resolved: Mapping[str, Any] | None = None) -> bool:
+    """Whether a finished result belongs to the run as the code would train it now: the same config hash and,
+    when the result recorded them (results from before 2026-12-04 did not), the same resolved params."""
+    if result.get("hash") != run["hash"]:
+        return False
+    stored = result.get("resolved_params")
+    if stored is None:
+        return True
+    return stored == (resolved_params(run) if resolved is None else resolved)
+
+
+def _clear_other_config(run_dir: Path, run: Mapping[str, Any], resolved: Mapping[str, Any]) -> None:
+    """Remove what another configuration of this run left in `run_dir` (its checkpoint, logs, model and result),
+    so training starts from scratch rather than resuming a checkpoint trained with other settings.
+
+    An interrupted run of the same configuration (its config.json has this hash and these resolved params)
+    keeps everything: its checkpoint resumes.
+    """
+    try:
+        with open(run_dir / "config.json") as f:
+            previous = json.load(f)
+    except (OSError, ValueError):
+        previous = None
+    if isinstance(previous, dict) and previous.get("hash") == run["hash"] \
+            and previous.get("resolved_params", resolved) == resolved:
+        return
+    lock = run_lock_path(run_dir).name
+    for entry in run_dir.iterdir():
+        if entry.name == lock:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
 
 
 def _save_model(algo: Any, labelers: list[tuple[str, Any]], run: Mapping[str, Any], path: Path) -> None:
@@ -1404,7 +1488,11 @@ def pending_runs(runs: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     todo, ope_only = [], []
     for run in runs:
         result = read_result(run["dir"]) or {}
-        if result.get("hash") != run["hash"]:
+        try:
+            finished = result_matches(run, result)
+        except Exception:  # the run's params no longer build: its worker records why
+            finished = False
+        if not finished:
             todo.append(dict(run))
         elif ope_missing(run, result):
             ope_only.append(dict(run))

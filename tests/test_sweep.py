@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from offrl import Dataset
+from offrl.algos import BC
 from conftest import random_pendulum_npz
 from offrl.cli import main as cli_main
 from offrl.report import stratified_bootstrap_iqm, iqm
@@ -76,6 +77,49 @@ def test_rerun_skips_finished_runs_and_killed_sweep_resumes(tmp_path, pendulum_n
     again = {p: p.stat().st_mtime_ns for p in out.glob("runs/**/result.json")}
     run_sweep(config, backend="local", workers=1, out=out, progress=False)
     assert again == {p: p.stat().st_mtime_ns for p in out.glob("runs/**/result.json")}
+
+
+def test_a_changed_config_trains_from_scratch_not_from_the_old_checkpoint(tmp_path, pendulum_npz):
+    """Run directories are named by label and seed, not hash: a new setting must not resume the old
+    setting's finished checkpoint (which once gave a 'result' for lr 0.1 made entirely with lr 0.001)."""
+    algorithms = {"BC": {"lr": 0.001, "hidden_dims": [32, 32]}}
+    out = tmp_path / "out"
+    run_sweep(write_config(tmp_path / "a.yaml", [str(pendulum_npz)], seeds=(0,), algorithms=algorithms),
+              backend="local", workers=1, out=out, progress=False)
+    algorithms["BC"]["lr"] = 0.1
+    changed = run_sweep(write_config(tmp_path / "b.yaml", [str(pendulum_npz)], seeds=(0,), algorithms=algorithms),
+                        backend="local", workers=1, out=out, progress=False)
+    fresh = run_sweep(write_config(tmp_path / "c.yaml", [str(pendulum_npz)], seeds=(0,), algorithms=algorithms),
+                      backend="local", workers=1, out=tmp_path / "fresh", progress=False)
+    run_dir = Path(changed["dir"][0])
+    assert (run_dir / "train.csv").read_text() == (Path(fresh["dir"][0]) / "train.csv").read_text()
+    assert changed["final_return"][0] == fresh["final_return"][0]
+    assert json.loads((run_dir / "config.json").read_text())["params"]["lr"] == 0.1
+
+
+def test_a_result_made_with_other_defaults_is_trained_again(tmp_path, pendulum_npz):
+    """The hash holds the params as written; a default that changed in the code since must not reuse the result."""
+    config = write_config(tmp_path / "sweep.yaml", [str(pendulum_npz)], seeds=(0,),
+                          algorithms={"BC": {"hidden_dims": [32, 32]}})
+    out = tmp_path / "out"
+    first = run_sweep(config, backend="local", workers=1, out=out, progress=False)
+    result_path = Path(first["dir"][0]) / "result.json"
+    result = json.loads(result_path.read_text())
+    assert result["resolved_params"]["algorithm"]["lr"] == BC().lr and "random_state" not in result["resolved_params"]["algorithm"]
+    stamp = result_path.stat().st_mtime_ns
+    run_sweep(config, backend="local", workers=1, out=out, progress=False)
+    assert result_path.stat().st_mtime_ns == stamp  # the same code: reused
+
+    result["resolved_params"]["algorithm"]["lr"] = 0.5  # as if BC's default lr had been 0.5 when it ran
+    result_path.write_text(json.dumps(result))
+    run_sweep(config, backend="local", workers=1, out=out, progress=False)
+    assert json.loads(result_path.read_text())["resolved_params"]["algorithm"]["lr"] == BC().lr
+
+    del result["resolved_params"]  # a result from before they were recorded: nothing to compare, reused
+    result_path.write_text(json.dumps(result))
+    stamp = result_path.stat().st_mtime_ns
+    run_sweep(config, backend="local", workers=1, out=out, progress=False)
+    assert result_path.stat().st_mtime_ns == stamp
 
 
 def test_failing_run_does_not_stop_the_others(tmp_path, pendulum_npz):
