@@ -5,12 +5,13 @@
 For each run's `model.pt` (any offrl algorithm with a critic), draws `--states` observations of the
 dataset SPEC, evaluates Q on an even grid of `--actions` values per action dimension (one dimension at
 a time, the others at 0), and prints: the mean over states of Q's range across actions, the std across
-states of Q's mean over actions, the share of greedy (argmax-Q) grid actions at the two ends of the
-grid, and the share of the policy's own actions within 10% of the action bounds.  With
+states of Q's mean over actions (both averaged over action dimensions), the share of greedy (argmax-Q)
+grid actions at the two ends of the grid, and the share of the policy's own actions within 10% of the
+action bounds.  With
 `--pendulum-episodes N` it also rolls each policy out in Pendulum-v1 (reset seeds 100, 101, ...) and prints
-the return, the mean |angular velocity| and the share of steps near upright (cos theta > 0.9).  Written for issue 14's
-ReCOIL-on-pendulum diagnosis: when Q barely depends on the action, advantage-weighted regression picks
-actions by the critic's noise, and a network's extrapolation at the ends of the action range decides.
+the return, the mean |angular velocity| and the share of steps near upright (cos theta > 0.9).  Written for
+issue 14's ReCOIL-on-pendulum diagnosis (benchmarks/RESULTS.md): whether a weak policy comes from a critic blind
+to the action, and what the policy does in the environment.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def spread(model, observations: np.ndarray, low: np.ndarray, high: np.ndarray, n
     figures = {"policy_near_bounds": float(np.mean((policy <= low + edge) | (policy >= high - edge)))}
     if not hasattr(model, "critic_"):  # BC: its actions only
         return figures
-    within, greedy_at_ends = [], []
+    within, greedy_at_ends, across = [], [], []
     for dim in range(action_dim):
         grid = np.linspace(low[dim], high[dim], n_actions, dtype=np.float32)
         actions = np.zeros((n_states * n_actions, action_dim), dtype=np.float32)
@@ -40,8 +41,8 @@ def spread(model, observations: np.ndarray, low: np.ndarray, high: np.ndarray, n
         within.append(q.max(axis=1) - q.min(axis=1))
         best = q.argmax(axis=1)
         greedy_at_ends.append(np.mean((best == 0) | (best == n_actions - 1)))
-        across = q.mean(axis=1).std()
-    return {"q_range_across_actions": float(np.mean(within)), "q_std_across_states": float(across),
+        across.append(q.mean(axis=1).std())
+    return {"q_range_across_actions": float(np.mean(within)), "q_std_across_states": float(np.mean(across)),
             "greedy_at_grid_ends": float(np.mean(greedy_at_ends)), **figures}
 
 

@@ -9,8 +9,9 @@ training/eval CSVs, a checkpoint, the model and `result.json`; a run whose
 `result.json` matches its config hash (and the parameters, defaults included,
 that the code would build it with now) is skipped, and an interrupted run
 resumes its checkpoint, so a stopped sweep resumes where it left off.  What a
-different configuration left in a run's directory is removed before it trains.  One process at a time writes a run's directory (it holds
-the directory's lock), and pool workers die with the sweep's process.  Runs
+different configuration left in a run's directory is removed before it
+trains.  One process at a time writes a run's directory (it holds the
+directory's lock), and pool workers die with the sweep's process.  Runs
 execute in a local process pool or as Ray tasks, with the same outputs.
 
 OPE asked for with `run_sweep(..., ope=[...])` (`offrl sweep --ope FQE,DR`)
@@ -937,13 +938,16 @@ def _write_json(path: Path, obj: Any) -> None:
 
 def read_result(run_dir: str | os.PathLike) -> dict[str, Any] | None:
     """A run's result.json, or None when it has none (or an unreadable one: the run is then done again)."""
-    path = Path(run_dir) / "result.json"
+    return _read_json_object(Path(run_dir) / "result.json")
+
+
+def _read_json_object(path: Path) -> dict[str, Any] | None:
     try:
         with open(path) as f:
-            result = json.load(f)
+            obj = json.load(f)
     except (OSError, ValueError):  # absent, or damaged by hand or disk
         return None
-    return result if isinstance(result, dict) else None
+    return obj if isinstance(obj, dict) else None
 
 
 _DATASET_CACHE: dict[str, Any] = {}
@@ -1165,8 +1169,9 @@ def _plain(value: Any) -> Any:
 
 
 def result_matches(run: Mapping[str, Any], result: Mapping[str, Any], resolved: Mapping[str, Any] | None = None) -> bool:
-    """Whether a finished result belongs to the run as the code would train it now: the same config hash and,
-    when the result recorded them (results from before 2026-12-04 did not), the same resolved params."""
+    """Whether a run's record (its result.json or config.json) belongs to the run as the code would train it now:
+    the same config hash and, when the record holds them (those from before 2026-12-04 do not), the same
+    resolved params."""
     if result.get("hash") != run["hash"]:
         return False
     stored = result.get("resolved_params")
@@ -1182,13 +1187,8 @@ def _clear_other_config(run_dir: Path, run: Mapping[str, Any], resolved: Mapping
     An interrupted run of the same configuration (its config.json has this hash and these resolved params)
     keeps everything: its checkpoint resumes.
     """
-    try:
-        with open(run_dir / "config.json") as f:
-            previous = json.load(f)
-    except (OSError, ValueError):
-        previous = None
-    if isinstance(previous, dict) and previous.get("hash") == run["hash"] \
-            and previous.get("resolved_params", resolved) == resolved:
+    previous = _read_json_object(run_dir / "config.json")
+    if previous is not None and result_matches(run, previous, resolved):
         return
     lock = run_lock_path(run_dir).name
     for entry in run_dir.iterdir():
