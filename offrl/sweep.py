@@ -1110,7 +1110,10 @@ def _execute_locked(run: Mapping[str, Any], run_dir: Path, base: dict[str, Any])
             result["dataset_score"] = float(np.mean(normalized_score(raw_dataset, raw_dataset.episode_returns())))
         except (ValueError, TypeError):
             result["dataset_score"] = float("nan")
+        # This process's time only: a run resumed from a checkpoint says from which step, so its time is not
+        # read as the whole run's.
         result["train_seconds"] = time.time() - started
+        result["resumed_from_step"] = int(getattr(algo, "resumed_from_step_", 0))
         spec = _ope_spec(run)
         if spec:
             try:

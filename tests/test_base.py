@@ -129,6 +129,7 @@ def test_resume_continues_to_the_same_result(cls, data, tmp_path):
     resumed = cls(**SMALL, random_state=1).fit(data, n_steps=60, log_dir=tmp_path, checkpoint_every=20, log_every=10,
                                                resume=True, progress=False)
     assert resumed.n_steps_done_ == 60
+    assert (full.resumed_from_step_, interrupted.resumed_from_step_, resumed.resumed_from_step_) == (0, 0, 20)
     assert_same_state(full, resumed)
     np.testing.assert_array_equal(full.predict(data.observations[:16]), resumed.predict(data.observations[:16]))
     with open(tmp_path / "train.csv") as f:

@@ -74,6 +74,8 @@ def test_rerun_skips_finished_runs_and_killed_sweep_resumes(tmp_path, pendulum_n
     assert len(results) == 6 and (results["status"] == "ok").all()
     for path, mtime in finished.items():
         assert path.stat().st_mtime_ns == mtime, f"{path} was re-run"
+        assert json.loads(path.read_text())["resumed_from_step"] == 0  # trained in one go before the kill
+    assert set(results["resumed_from_step"]) <= {0, 1500, 3000}  # a killed run resumes at one of its checkpoints
     again = {p: p.stat().st_mtime_ns for p in out.glob("runs/**/result.json")}
     run_sweep(config, backend="local", workers=1, out=out, progress=False)
     assert again == {p: p.stat().st_mtime_ns for p in out.glob("runs/**/result.json")}

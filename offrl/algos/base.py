@@ -555,7 +555,8 @@ class OfflineAlgorithm(BaseEstimator):
         (`log_dir`/eval.csv; return and normalised score).  With
         `checkpoint_every` a checkpoint is written atomically to
         `log_dir`/checkpoint.pt, and `resume=True` continues from it to the
-        same result as an uninterrupted run.  A NaN or inf loss raises
+        same result as an uninterrupted run (`resumed_from_step_` says from
+        which step; 0 when it started fresh).  A NaN or inf loss raises
         `TrainingDivergedError` naming the loss and step, before any later
         checkpoint is written.  Callbacks are called as
         `callback(algo, step, metrics)` at each log step, after that step's
@@ -617,6 +618,7 @@ class OfflineAlgorithm(BaseEstimator):
             self._build_all(self._make_spec(dataset))
             self.n_steps_done_ = 0
             self.history_ = []
+        self.resumed_from_step_ = start
         sampler = self._make_sampler(dataset)
         monitor = TrainingMonitor(self, n_steps, start=start, log_every=log_every, eval_env=eval_env,
                                   eval_every=eval_every, eval_episodes=eval_episodes, callbacks=callbacks,
