@@ -166,6 +166,35 @@ def test_fdvl_divergences_change_only_the_value_loss():
         FDVL(divergence="hellinger").check_params()
 
 
+def test_random_actions_fit_the_value_to_data_and_uniform_actions_per_state():
+    """The authors' --sample_random_times: each state once with its data action, then `random_actions` more times
+    with actions uniform over the box; the actor still sees the data rows only."""
+    ds = pendulum_shaped_dataset()  # actions in [-2, 2]
+    model = FDVL(**SMALL, random_actions=2, random_state=0).fit(ds, n_steps=5, progress=False)
+    obs = torch.as_tensor(ds.observations[:64])
+    actions = torch.as_tensor(ds.actions[:64])
+    torch.manual_seed(0)
+    value_obs, value_actions = model._with_random_actions(obs, actions)
+    assert value_obs.shape == (3 * 64, obs.shape[1]) and value_actions.shape == (3 * 64, actions.shape[1])
+    assert torch.equal(value_actions[:64], actions)
+    assert torch.equal(value_obs[64:128], obs) and torch.equal(value_obs[128:], obs)
+    uniform = value_actions[64:]
+    assert uniform.min() >= -2.0 and uniform.max() <= 2.0 and uniform.std() > 0.9  # uniform on [-2, 2]: std 1.15
+    assert not torch.equal(value_actions[64:128], value_actions[128:])
+    seen = []
+    model._value_objective = lambda diff: seen.append(diff.shape[0]) or diff.mean()
+    _, target_q = model._value_loss_eager(obs, actions)
+    assert seen == [3 * 64] and target_q.shape == (64,)
+    # A CPU run stays repeatable, and the option changes the update (0 is the default, the plain batch).
+    twice = [FDVL(**SMALL, random_actions=1, random_state=4).fit(ds, n_steps=20, progress=False) for _ in range(2)]
+    plain = FDVL(**SMALL, random_state=4).fit(ds, n_steps=20, progress=False)
+    for p, q, r in zip(twice[0].value_.parameters(), twice[1].value_.parameters(), plain.value_.parameters()):
+        assert torch.equal(p, q)
+    assert not all(torch.equal(p, r) for p, r in zip(twice[0].value_.parameters(), plain.value_.parameters()))
+    with pytest.raises(InvalidParameterError, match="random_actions"):
+        XQL(random_actions=-1).check_params()
+
+
 @pytest.mark.parametrize("make", [lambda: XQL(**SMALL), lambda: FDVL(divergence="chi2", **SMALL),
                                   lambda: FDVL(divergence="tv", **SMALL)])
 def test_xql_and_fdvl_learn_a_contextual_bandit(make):

@@ -39,7 +39,7 @@ import torch
 from offrl.algos.guide import DEMONSTRATIONS_RULE, load_demonstrations
 from offrl.algos.iql import IQL
 from offrl.algos.losses import awr_actor_loss, gumbel_loss, huber_td_loss, value_loss
-from offrl.algos.params import boolean, choice, real
+from offrl.algos.params import boolean, choice, integer, real
 from offrl.datasets.core import Batch, Dataset
 from offrl.datasets.samplers import MixtureSampler, TransitionSampler
 from offrl.nn import ValueNetwork, soft_update_
@@ -56,14 +56,16 @@ class FDVL(IQL):
     as the authors' code does (their optimum rises with lam: tv's V is the
     (2 lam - 1) / lam quantile of Q').  `beta` and `max_clip` are the Gumbel
     temperature and exponent clip of "kl" only.  `critic_loss="huber"`
-    (delta `huber_delta`) and `value_layer_norm` are the authors' settings.
+    (delta `huber_delta`) and `value_layer_norm` are the authors' settings;
+    `random_actions` is their `--sample_random_times` (uniform actions added to
+    the value loss's batch, 0 by default).
     `guide=` plugs in GORL as for IQL.
     """
 
     _param_rules = {"divergence": choice(*_DIVERGENCES), "lam": real(0, 1, closed="right"),
                     "beta": real(0, None, closed="neither"), "max_clip": real(0, None, closed="neither"),
                     "critic_loss": choice("huber", "mse"), "huber_delta": real(0, None, closed="neither"),
-                    "value_layer_norm": boolean()}
+                    "value_layer_norm": boolean(), "random_actions": integer(0)}
 
     def __init__(
         self,
@@ -76,6 +78,7 @@ class FDVL(IQL):
         critic_loss: str = "huber",
         huber_delta: float = 20.0,
         value_layer_norm: bool = True,
+        random_actions: int = 0,
         hidden_dims: Sequence[int] = (256, 256),
         n_critics: int = 2,
         actor_lr: float = 3e-4,
@@ -107,6 +110,7 @@ class FDVL(IQL):
         self.critic_loss = critic_loss
         self.huber_delta = huber_delta
         self.value_layer_norm = value_layer_norm
+        self.random_actions = random_actions
         self.hidden_dims = hidden_dims
         self.n_critics = n_critics
         self.actor_lr = actor_lr
@@ -141,12 +145,35 @@ class FDVL(IQL):
     def _make_value_network(self, obs_dim: int, hidden: tuple[int, ...]) -> ValueNetwork:
         return ValueNetwork(obs_dim, hidden, layer_norm=bool(self.value_layer_norm))
 
+    def _value_loss_eager(self, obs, actions):
+        """The value loss on the batch, plus `random_actions` uniform actions per state when set (the authors'
+        `--sample_random_times`: V is fitted to Q' under (data + uniform) / 2 for 1).  Returns Q' of the data rows
+        only, for the actor."""
+        if not self.random_actions:
+            return super()._value_loss_eager(obs, actions)
+        value_obs, value_actions = self._with_random_actions(obs, actions)
+        with self._autocast():
+            with torch.no_grad():
+                target_q = self._target_min(self.critic_target_, value_obs, value_actions)
+            v = self.value_(value_obs)
+            return self._value_objective(target_q - v), target_q[: obs.shape[0]]
+
+    def _with_random_actions(self, obs: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The batch's states and actions followed by each state `random_actions` more times, each with an action
+        drawn uniformly from the action box."""
+        policy, times = self.policy_, int(self.random_actions)
+        low = policy.action_bias - policy.action_scale
+        uniform = low + 2.0 * policy.action_scale * torch.rand((times * obs.shape[0], actions.shape[-1]),
+                                                                device=obs.device, dtype=actions.dtype)
+        return torch.cat([obs, obs.repeat(times, 1)]), torch.cat([actions, uniform])
+
 
 class XQL(FDVL):
     """Extreme Q-learning (offline): Gumbel regression for V, IQL's AWR actor, a Huber(20) critic.
 
     `beta` is the Gumbel temperature (the authors' `--temp`: 2 for hopper-medium-replay;
-    per-dataset values in the presets), `max_clip` the exponent clip (7).
+    per-dataset values in the presets), `max_clip` the exponent clip (7),
+    `random_actions` as for `FDVL`.
     `guide=` plugs in GORL as for IQL.
     """
 
@@ -161,6 +188,7 @@ class XQL(FDVL):
         critic_loss: str = "huber",
         huber_delta: float = 20.0,
         value_layer_norm: bool = True,
+        random_actions: int = 0,
         hidden_dims: Sequence[int] = (256, 256),
         n_critics: int = 2,
         actor_lr: float = 3e-4,
@@ -190,6 +218,7 @@ class XQL(FDVL):
         self.critic_loss = critic_loss
         self.huber_delta = huber_delta
         self.value_layer_norm = value_layer_norm
+        self.random_actions = random_actions
         self.hidden_dims = hidden_dims
         self.n_critics = n_critics
         self.actor_lr = actor_lr
