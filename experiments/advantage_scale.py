@@ -4,9 +4,9 @@
 
 For each run's `model.pt`, draws `--samples` transitions of the dataset SPEC (all if it has fewer) and prints the mean, the standard
 deviation and the 10 / 50 / 90% quantiles of the advantage Q(s, a) - V(s) (Q the minimum of the critics, in the
-units the critic was trained in, rewards scaled as the run scaled them). XQL's temperature beta is in these units;
-issue 14 (benchmarks/RESULTS.md) uses the figures to ask whether one scale-free temperature, beta / std, could serve
-two datasets.
+units the critic was trained in, rewards scaled as the run scaled them). XQL's temperature beta is in these units,
+so the figures say whether one scale-free temperature, beta / std, could serve two datasets (issue 14; not yet in
+benchmarks/RESULTS.md: the hopper side is unmeasured).
 """
 
 from __future__ import annotations
