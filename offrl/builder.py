@@ -573,19 +573,35 @@ def software_versions() -> dict[str, str]:
     """The versions a SAC run's numbers depend on, recorded with the run (not part of its cache key).
 
     The same recipe and seed learnt Hopper on one machine and plateaued on others (benchmarks/RESULTS.md,
-    "Dataset builds"); a record of torch, numpy, gymnasium and MuJoCo and of torch's CPU kernels says which.
+    "Dataset builds"), and under one MuJoCo version gave different runs on an Intel and an AMD CPU; a record
+    of torch, numpy, gymnasium and MuJoCo, of torch's CPU kernels and of the CPU model says which.
     """
     import importlib.metadata
     import platform
 
     versions = {"python": platform.python_version(), "torch": torch.__version__,
-                "cpu_capability": str(torch.backends.cpu.get_cpu_capability())}
+                "cpu_capability": str(torch.backends.cpu.get_cpu_capability()), "cpu": cpu_model()}
     for package in ("numpy", "gymnasium", "mujoco"):
         try:
             versions[package] = importlib.metadata.version(package)
         except importlib.metadata.PackageNotFoundError:
             versions[package] = "not installed"
     return versions
+
+
+def cpu_model() -> str:
+    """The CPU's model name (Linux's /proc/cpuinfo), else what `platform` knows, else "unknown"."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as cpuinfo:
+            for line in cpuinfo:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and value.strip():
+                    return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
 
 
 # ---------------------------------------------------------------------- the build

@@ -135,6 +135,7 @@ def test_the_run_and_its_datasets_record_the_software_versions(built):
     software = run["software"]
     assert software["torch"] == torch.__version__ and software["mujoco"] == importlib.metadata.version("mujoco")
     assert software["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert software["cpu"] and software["cpu"] != "unknown"  # builds differ across CPU models, so each names its own
     assert "software" not in run["config"]  # a record, not part of the cache key
     for info in report.datasets.values():
         assert info["software"] == software
