@@ -593,14 +593,11 @@ def cpu_model() -> str:
     """The CPU's model name (Linux's /proc/cpuinfo), else what `platform` knows, else "unknown"."""
     import platform
 
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as cpuinfo:
-            for line in cpuinfo:
-                key, _, value = line.partition(":")
-                if key.strip() == "model name" and value.strip():
-                    return value.strip()
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8", errors="replace") as cpuinfo:
+        for line in cpuinfo:
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and value.strip():
+                return value.strip()
     return platform.processor() or platform.machine() or "unknown"
 
 
