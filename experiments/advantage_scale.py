@@ -5,8 +5,9 @@
 For each run's `model.pt`, draws `--samples` transitions of the dataset SPEC (all if it has fewer) and prints the mean, the standard
 deviation and the 10 / 50 / 90% quantiles of the advantage Q(s, a) - V(s) (Q the minimum of the critics, in the
 units the critic was trained in, rewards scaled as the run scaled them). XQL's temperature beta is in these units,
-so the figures say whether one scale-free temperature, beta / std, could serve two datasets (issue 14; not yet in
-benchmarks/RESULTS.md: the hopper side is unmeasured).
+so the figures say whether one scale-free temperature, beta / std, could serve two datasets (issue 14; the hopper
+side is unmeasured). benchmarks/RESULTS.md (issue 14, "XQL's policy extraction") records pendulum's figures, which
+set experiments/dual_pendulum_20k_actor_temperature.yaml's actor temperature.
 """
 
 from __future__ import annotations
