@@ -7,6 +7,10 @@ writes
     hopper-expert-5ep.npz          the first 5 episodes of hopper-expert-v5 (the demonstrations)
     hopper-random+medium-replay.npz  random and medium-replay together, rewards removed (ReCOIL's mixed data)
 
+With --complete-episodes the demonstrations are the first 5 episodes that run to the time limit instead
+(hopper-expert-5ep-complete.npz): the expert kind samples the SAC policy's actions, so some of its episodes end
+in a fall, and how many differs between builds. The recorded figures of the other configs use the first 5.
+
 Built datasets are read from $OFFRL_DATA_DIR (or --data-dir), the 300,000-SAC-step build by default.
 """
 
@@ -16,7 +20,29 @@ import argparse
 import os
 from pathlib import Path
 
+import numpy as np
+
 from offrl.datasets import Dataset, load
+
+
+def demonstration_episodes(expert: Dataset, n_episodes: int, complete_only: bool = False) -> np.ndarray:
+    """Indices of the episodes to use as demonstrations: the first `n_episodes`, or with `complete_only` the
+    first `n_episodes` that reach the time limit (end in a timeout, not a terminal, at the longest length)."""
+    if n_episodes < 1:
+        raise ValueError(f"--expert-episodes must be at least 1; got {n_episodes}")
+    if not complete_only:
+        if expert.n_episodes < n_episodes:
+            raise ValueError(f"the expert dataset has {expert.n_episodes} episodes; --expert-episodes asks for "
+                             f"{n_episodes}. Build it with more steps or ask for fewer.")
+        return np.arange(n_episodes)
+    lengths = expert.episode_lengths()
+    last_rows = expert.episode_starts[1:] - 1
+    complete = np.flatnonzero((expert.terminals[last_rows] == 0) & (lengths == lengths.max()))
+    if len(complete) < n_episodes:
+        raise ValueError(f"the expert dataset has {len(complete)} episodes that reach the time limit "
+                         f"({lengths.max()} steps); --expert-episodes asks for {n_episodes}. Ask for fewer, "
+                         "or drop --complete-episodes.")
+    return complete[:n_episodes]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -26,6 +52,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--version", default="v5")
     parser.add_argument("--sac-steps", type=int, default=300_000)
     parser.add_argument("--expert-episodes", type=int, default=5)
+    parser.add_argument("--complete-episodes", action="store_true",
+                        help="demonstrations: the first episodes that reach the time limit (no falls)")
     parser.add_argument("--data-dir", default=os.environ.get("OFFRL_DATA_DIR"))
     args = parser.parse_args(argv)
     out = Path(args.out)
@@ -35,11 +63,13 @@ def main(argv: list[str] | None = None) -> None:
         return load(f"offrl:{args.env}-{kind}-{args.version}", sac_steps=args.sac_steps, data_dir=args.data_dir)
 
     expert = built("expert")
-    demos = expert.subset(range(args.expert_episodes))
-    demos.metadata.update(name=f"{args.env}-expert-{args.expert_episodes}ep-{args.version}")
-    demos.save(out / f"{args.env}-expert-{args.expert_episodes}ep.npz")
-    print(f"{args.env}-expert-{args.expert_episodes}ep: {demos.n_transitions} transitions, "
-          f"return {demos.episode_returns().mean():.1f} per episode")
+    episodes = demonstration_episodes(expert, args.expert_episodes, args.complete_episodes)
+    demos = expert.subset(episodes)
+    stem = f"{args.env}-expert-{args.expert_episodes}ep" + ("-complete" if args.complete_episodes else "")
+    demos.metadata.update(name=f"{stem}-{args.version}", expert_episode_indices=episodes.tolist())
+    demos.save(out / f"{stem}.npz")
+    print(f"{stem}: episodes {episodes.tolist()} of {args.env}-expert-{args.version}, {demos.n_transitions} "
+          f"transitions, return {demos.episode_returns().mean():.1f} per episode")
 
     mixed = Dataset.concatenate([built("random"), built("medium-replay")]).without_rewards()
     mixed.metadata.update(name=f"{args.env}-random+medium-replay-{args.version}")

@@ -1,0 +1,49 @@
+"""The helpers of scripts under experiments/ that choose what an experiment's data is."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from offrl.datasets import Dataset
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "experiments" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _episodes(lengths: list[int], fell: list[bool]) -> Dataset:
+    n = sum(lengths)
+    ends = np.cumsum(lengths) - 1
+    terminals = np.zeros(n, np.float32)
+    timeouts = np.zeros(n, np.float32)
+    for end, f in zip(ends, fell):
+        (terminals if f else timeouts)[end] = 1.0
+    rng = np.random.default_rng(0)
+    return Dataset.from_arrays(rng.normal(size=(n, 3)), rng.uniform(-1, 1, size=(n, 2)), np.ones(n),
+                               terminals=terminals, timeouts=timeouts, next_observations=rng.normal(size=(n, 3)))
+
+
+def test_demonstrations_are_the_first_episodes_or_the_first_that_reach_the_time_limit():
+    choose = _script("dual_data").demonstration_episodes
+    # episode:        0 fall, 1 full, 2 fall, 3 full, 4 full, 5 cut by the end of the log (timeout, short)
+    expert = _episodes([4, 6, 2, 6, 6, 3], [True, False, True, False, False, False])
+    assert choose(expert, 2).tolist() == [0, 1]
+    assert choose(expert, 2, complete_only=True).tolist() == [1, 3]
+    assert choose(expert, 3, complete_only=True).tolist() == [1, 3, 4]
+    chosen = expert.subset(choose(expert, 3, complete_only=True))
+    assert chosen.n_transitions == 18 and chosen.terminals.sum() == 0
+    with pytest.raises(ValueError, match="3 episodes that reach the time limit .6 steps.*asks for 4"):
+        choose(expert, 4, complete_only=True)
+    with pytest.raises(ValueError, match="has 6 episodes.*asks for 7"):
+        choose(expert, 7)
+    with pytest.raises(ValueError, match="at least 1"):
+        choose(expert, 0)
