@@ -259,6 +259,9 @@ def test_gorl_with_a_constant_guide_is_the_base_algorithm_bit_for_bit(cls):
     act = torch.as_tensor(ds.actions[:64])
     assert torch.equal(frozen.guide_net_(frozen.obs_normalizer_(obs), act), torch.ones(64))
     assert learning.guide_net_(learning.obs_normalizer_(obs), act).std() > 0
+    # the logs say how far the guide has moved from the constant: mean and spread of w over the last batch
+    assert frozen.last_metrics_["guide_scale_mean"] == 1.0 and frozen.last_metrics_["guide_scale_std"] == 0.0
+    assert learning.last_metrics_["guide_scale_std"] > 0
 
 
 def test_the_guide_moves_toward_samples_that_bring_the_policy_to_the_expert():

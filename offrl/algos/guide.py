@@ -219,7 +219,7 @@ def guided_scales(algo: Any, obs: torch.Tensor, actions: torch.Tensor, step: int
     optimizer.step()
     with torch.no_grad():
         scales = net(obs, actions)
-    return scales, {"guide_loss": guide_loss.detach(), "guide_scale_std": scales.std()}
+    return scales, {"guide_loss": guide_loss.detach(), "guide_scale_mean": scales.mean(), "guide_scale_std": scales.std()}
 
 
 class _Method(nn.Module):

@@ -111,7 +111,7 @@ class TD3PlusBC(GuidedMixin, OfflineAlgorithm):
         self._actor_loss = self._maybe_compile(self._actor_loss_eager)
         self._build_guide(spec)
         if self.guide is not None:
-            self._last_actor_metrics.update(guide_loss=zero, guide_scale_std=zero)
+            self._last_actor_metrics.update(guide_loss=zero, guide_scale_mean=zero, guide_scale_std=zero)
 
     def _make_sampler(self, dataset: Dataset) -> Any:
         self._prepare_guide(dataset)
