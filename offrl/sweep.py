@@ -11,7 +11,9 @@ that the code would build it with now) is skipped, and an interrupted run
 resumes its checkpoint, so a stopped sweep resumes where it left off.  What a
 different configuration left in a run's directory is removed before it
 trains.  One process at a time writes a run's directory (it holds the
-directory's lock), and pool workers die with the sweep's process.  Runs
+directory's lock; a sweep that finds a run locked by another process takes
+its other runs first and waits for that one last), and pool workers die with
+the sweep's process.  Runs
 execute in a local process pool or as Ray tasks, with the same outputs.
 
 OPE asked for with `run_sweep(..., ope=[...])` (`offrl sweep --ope FQE,DR`)
@@ -1017,6 +1019,8 @@ def _eval_env(entry: Mapping[str, Any], eval_cfg: Mapping[str, Any], dataset: An
 
 # How long a run waits for another process writing its directory (another sweep on the same `out`).
 RUN_LOCK_TIMEOUT = 24 * 3600.0
+# The status of a run another process is writing, when the sweep asked not to wait for it.
+_BUSY = "busy"
 
 
 def run_lock_path(run_dir: str | os.PathLike) -> Path:
@@ -1024,12 +1028,14 @@ def run_lock_path(run_dir: str | os.PathLike) -> Path:
     return Path(run_dir) / "run.lock"
 
 
-def execute_run(run: Mapping[str, Any]) -> dict[str, Any]:
+def execute_run(run: Mapping[str, Any], wait_if_busy: bool = True) -> dict[str, Any]:
     """Train, evaluate (and optionally OPE) one run; never raises: failures are recorded in the run dir.
 
     The run holds its directory's lock throughout: a second process given the
     same run (another sweep on the same `out`, a re-run while an old worker is
-    still alive) waits for it, then finds its result and skips it.
+    still alive) waits for it, then finds its result and skips it.  With
+    `wait_if_busy=False` it does not wait: it returns at once with status
+    "busy" (the sweep then takes its other runs first and comes back to it).
     """
     run_dir = Path(run["dir"])
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -1040,9 +1046,12 @@ def execute_run(run: Mapping[str, Any]) -> dict[str, Any]:
     if run.get("online"):
         base.update({"strategy": _strategy_name(run), "online_steps": run["online"]["steps"]})
     try:
-        with wait_for_lock(run_lock_path(run_dir), f"run {run_dir}", timeout=RUN_LOCK_TIMEOUT):
+        with wait_for_lock(run_lock_path(run_dir), f"run {run_dir}", timeout=RUN_LOCK_TIMEOUT if wait_if_busy else 0,
+                           say=None if wait_if_busy else lambda line: None):
             return _execute_locked(run, run_dir, base)
     except LockTimeoutError as err:  # nothing of this run was touched
+        if not wait_if_busy:
+            return {**base, "status": _BUSY}
         return {**base, "status": "failed", "error": str(err)}
 
 
@@ -1646,14 +1655,21 @@ def _run_local(runs: list[dict[str, Any]], workers: int, progress: bool, skipped
     view = _Progress(len(runs), skipped, progress, on_result)
     try:
         if workers == 1 or len(runs) <= 1:
-            for run in runs:
+            queue = [(run, False) for run in runs]
+            while queue:
+                run, wait = queue.pop(0)
                 view.running = [run]
                 view.show()
-                view.record(execute_run(run))
+                result = execute_run(run, wait_if_busy=wait)
+                if result["status"] == _BUSY:  # another process is writing it: the other runs first
+                    queue.append((run, True))
+                else:
+                    view.record(result)
             return view.results
         with cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"),
                                     initializer=_die_with_parent, initargs=(os.getpid(),)) as pool:
-            futures = {pool.submit(execute_run, run): run for run in runs}  # insertion order = submission order
+            # insertion order = submission order
+            futures = {pool.submit(execute_run, run, wait_if_busy=False): run for run in runs}
             pending = set(futures)
             while pending:
                 # The pool runs the first `workers` unfinished runs of the submission order.
@@ -1661,7 +1677,14 @@ def _run_local(runs: list[dict[str, Any]], workers: int, progress: bool, skipped
                 view.show()
                 finished, pending = cf.wait(pending, timeout=_POLL_SECONDS, return_when=cf.FIRST_COMPLETED)
                 for fut in finished:
-                    view.record(fut.result())
+                    result = fut.result()
+                    if result["status"] == _BUSY:  # queued again behind every other run, and then waited for
+                        run = futures.pop(fut)
+                        retry = pool.submit(execute_run, run, wait_if_busy=True)
+                        futures[retry] = run
+                        pending.add(retry)
+                    else:
+                        view.record(result)
     finally:
         view.close()
     return view.results
@@ -1683,7 +1706,7 @@ def _run_ray(runs: list[dict[str, Any]], workers: int, address: str | None, prog
     remote = ray.remote(num_cpus=1)(execute_run)
     view = _Progress(len(runs), skipped, progress, on_result)
     try:
-        refs = {remote.remote(run): run for run in runs}
+        refs = {remote.remote(run, wait_if_busy=False): run for run in runs}
         pending = list(refs)
         while pending:
             # Ray does not say which tasks have started; the first `workers` unfinished ones is a good guess
@@ -1692,7 +1715,14 @@ def _run_ray(runs: list[dict[str, Any]], workers: int, address: str | None, prog
             view.show()
             ready, pending = ray.wait(pending, num_returns=1, timeout=_POLL_SECONDS)
             for ref in ready:
-                view.record(ray.get(ref))
+                result = ray.get(ref)
+                if result["status"] == _BUSY:  # another process is writing it: asked again after the others
+                    run = refs.pop(ref)
+                    retry = remote.remote(run, wait_if_busy=True)
+                    refs[retry] = run
+                    pending.append(retry)
+                else:
+                    view.record(result)
     finally:
         view.close()
         if started_here:

@@ -175,6 +175,42 @@ def test_a_run_folder_is_written_by_one_process_at_a_time(tmp_path, npz, capfd):
     assert f"busy with run {run['dir']}" in capfd.readouterr().err
 
 
+@pytest.mark.parametrize("backend, workers", [("local", 1), ("local", 2), ("ray", 2)])
+def test_a_sweep_takes_its_other_runs_before_one_another_process_is_writing(tmp_path, npz, backend, workers,
+                                                                             monkeypatch):
+    """A second sweep on the same `out` used to queue behind the first one's run; now it does the free runs
+    first, then waits for the busy one (with 2 workers the pool's or Ray's retry path does it)."""
+    import fcntl
+
+    if backend == "ray":
+        pytest.importorskip("ray")
+
+    import offrl.sweep
+    from offrl.sweep import run_lock_path
+
+    monkeypatch.setattr(offrl.sweep, "RUN_LOCK_TIMEOUT", 20.0)  # a sweep that waited in order fails, not hangs
+
+    config = parse_config(base_config(npz, seeds=[0, 1, 2]))
+    out = tmp_path / "out"
+    busy = expand_runs(config, out)[0]  # the first run in the sweep's order
+    Path(busy["dir"]).mkdir(parents=True)
+    handle = open(run_lock_path(busy["dir"]), "a")
+    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)  # "another process" writing that run
+    seen = []
+
+    def on_result(result):
+        seen.append((result["seed"], result["status"]))
+        if len(seen) == 2:  # both free runs are done: the other process lets go of its run
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+    try:
+        run_sweep(config, backend=backend, workers=workers, out=out, progress=False, on_result=on_result)
+    finally:
+        handle.close()
+    assert sorted(seen[:2]) == [(1, "ok"), (2, "ok")]
+    assert seen[2] == (0, "ok")  # waited for, then (nothing was written by the holder) trained here
+
+
 def _children(pid: int) -> list[int]:
     found = []
     for entry in Path("/proc").iterdir():
