@@ -50,7 +50,7 @@ from offrl.datasets.core import atomic_write_path
 from offrl.datasets.files import LockTimeoutError, check_inside, check_path_name, wait_for_lock
 
 __all__ = ["ConfigError", "SweepConfig", "UniqueKeyLoader", "load_config", "parse_config", "expand_runs", "run_sweep",
-           "execute_run", "run_lock_path", "env_problem", "parse_ope_estimators", "ope_settings", "ope_missing"]
+           "execute_run", "run_lock_path", "runs_on", "env_problem", "parse_ope_estimators", "ope_settings", "ope_missing"]
 
 _TOP_KEYS = {"name", "datasets", "algorithms", "seeds", "steps", "eval", "ope", "checkpoint_every", "device",
              "threads_per_run", "out", "log_every", "presets"}
@@ -272,6 +272,12 @@ def parse_config(
 
     datasets = _parse_datasets(raw["datasets"], fail, check_datasets)
     algorithms = _parse_algorithms(raw["algorithms"], fail, check_datasets)
+    labels = [d["label"] for d in datasets]
+    for label, algo in algorithms.items():
+        unknown = [d for d in algo.get("datasets", ()) if d not in labels]
+        if unknown:
+            raise fail(f"algorithms.{label}.datasets", f"no dataset is labelled {unknown[0]!r}; the config's dataset "
+                                                       f"labels are {labels}")
 
     seeds_raw = raw.get("seeds", [0])
     if _is_int(seeds_raw):
@@ -542,6 +548,11 @@ def _parse_algorithms(value: Any, fail: Any, check_datasets: bool = True) -> dic
         params = dict(params)
         name = params.pop("algorithm", label)
         labelers = _parse_labelers(params.pop("labelers", None), f"{key}.labelers", fail, check_datasets)
+        only = params.pop("datasets", None)
+        if only is not None and not (isinstance(only, list) and only and all(isinstance(d, str) for d in only)):
+            raise fail(f"{key}.datasets", f"datasets must be a non-empty list of the dataset labels {label} runs on "
+                                          f"(e.g. [hopper-medium-v2]); leave it out to run on every dataset, got "
+                                          f"{only!r}")
         has_online, online_raw = "online" in params, params.pop("online", None)
         if not isinstance(name, str):
             raise fail(f"{key}.algorithm", f"algorithm must be an algorithm name such as 'IQL', got {name!r}")
@@ -579,6 +590,8 @@ def _parse_algorithms(value: Any, fail: Any, check_datasets: bool = True) -> dic
             except (InvalidParameterError, TypeError, ValueError) as err:
                 raise fail(key, f"the grid point {settings}: {err}") from None
         out[label] = {"algorithm": name, "grid": grid}
+        if only is not None:  # not hashed: it says which runs exist, not how one trains
+            out[label]["datasets"] = list(dict.fromkeys(only))
         if labelers:
             out[label]["labelers"] = labelers
         if has_online:
@@ -876,6 +889,8 @@ def expand_runs(config: SweepConfig, out_dir: str | os.PathLike) -> list[dict[st
     runs = []
     for dataset in config.datasets:
         for label, algo in config.algorithms.items():
+            if not runs_on(algo, dataset):
+                continue
             names = sorted(algo["grid"])
             preset = _preset(algo["algorithm"], dataset["spec"]) if config.presets else {}
             points = list(itertools.product(*(algo["grid"][n] for n in names)))
@@ -921,6 +936,11 @@ def expand_runs(config: SweepConfig, out_dir: str | os.PathLike) -> list[dict[st
                     runs.append({**resolved, "variant": variant, "hash": config_hash, "dir": str(run_dir),
                                  "threads": config.threads_per_run, "ope_request": request})
     return runs
+
+
+def runs_on(algo: Mapping[str, Any], dataset: Mapping[str, Any]) -> bool:
+    """Whether a parsed algorithm entry runs on a parsed dataset entry (its `datasets:` list, when it has one)."""
+    return "datasets" not in algo or dataset["label"] in algo["datasets"]
 
 
 def _preset(algorithm: str, spec: str) -> dict[str, Any]:

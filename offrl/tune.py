@@ -48,6 +48,7 @@ from offrl.sweep import (
     _node_lines,
     _preset,
     _safe_name,
+    runs_on,
     _save_model,
     _write_json,
     load_config,
@@ -651,7 +652,8 @@ def tune(
     out_dir = Path(out) if out is not None else Path(sweep.out or Path("offrl-results") / sweep.name) / "tune"
     every = int(report_every or sweep.checkpoint_every or (sweep.raw.get("eval") or {}).get("every")
                 or max(sweep.steps // 4, 1))
-    pairs = [(entry, label) for entry in sweep.datasets for label in sweep.algorithms]
+    pairs = [(entry, label) for entry in sweep.datasets for label, algo in sweep.algorithms.items()
+             if runs_on(algo, entry)]
     base_name = study_name or sweep.name
     out_dir.mkdir(parents=True, exist_ok=True)
     url = storage or f"sqlite:///{(out_dir / 'optuna.db').resolve()}"

@@ -383,3 +383,30 @@ def test_labelled_runs_evaluate_ope_on_the_logged_rewards(tmp_path, pendulum_npz
                                                   "the environment's rewards"}
     model = offrl.load(Path(results[("logged", "BC-OTR")]["dir"]) / "model.pt")
     assert [name for name, _ in model.steps] == ["otrewardlabeler", "rewardscaler-1", "rewardscaler-2", "bc"]
+
+
+def test_an_algorithm_can_run_on_some_of_the_datasets_only(tmp_path, pendulum_npz):
+    from offrl.sweep import expand_runs
+
+    datasets = [{"spec": str(pendulum_npz), "label": "a"}, {"spec": str(pendulum_npz), "label": "b"}]
+    everywhere = {"BC": {"hidden_dims": [8]}, "IQL": {"hidden_dims": [8]}}
+    restricted = {"BC": {"hidden_dims": [8]}, "IQL": {"hidden_dims": [8], "datasets": ["b"]}}
+
+    def runs(algorithms):
+        raw = {"name": "some", "datasets": datasets, "algorithms": algorithms, "seeds": [0, 1], "steps": 4}
+        return {(r["dataset"]["label"], r["label"], r["seed"]): r["hash"]
+                for r in expand_runs(parse_config(raw), tmp_path / "out")}
+
+    full, some = runs(everywhere), runs(restricted)
+    assert sorted(set(full) - set(some)) == [("a", "IQL", 0), ("a", "IQL", 1)]
+    assert all(some[k] == full[k] for k in some)  # the runs that remain are the same runs (same hashes)
+
+    def error(only):
+        raw = {"name": "some", "datasets": datasets, "algorithms": {"IQL": {"datasets": only}}, "steps": 4}
+        with pytest.raises(ConfigError) as info:
+            parse_config(raw)
+        return str(info.value)
+
+    assert "algorithms.IQL.datasets: no dataset is labelled 'c'; the config's dataset labels are ['a', 'b']" in error(["a", "c"])
+    for bad in ([], "b", [3]):
+        assert "algorithms.IQL.datasets: datasets must be a non-empty list of the dataset labels IQL runs on" in error(bad)

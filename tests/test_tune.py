@@ -209,9 +209,12 @@ def test_another_study_in_the_same_folder_is_refused(resumed):
 
 
 def test_one_study_per_dataset_and_algorithm(pendulum_npz, tmp_path):
-    algorithms = {"BC-small": {"algorithm": "BC", "hidden_dims": [16, 16], "lr": [1e-3, 3e-3]},
-                  "BC-large": {"algorithm": "BC", "hidden_dims": [32, 32], "lr": [1e-3, 3e-3]}}
-    config = write_config(tmp_path / "two.yaml", pendulum_npz, algorithms, name="two", steps=REPORT_EVERY)
+    # a second dataset that neither entry runs on (their `datasets:` lists): it gets no study
+    algorithms = {"BC-small": {"algorithm": "BC", "hidden_dims": [16, 16], "lr": [1e-3, 3e-3], "datasets": ["pendulum"]},
+                  "BC-large": {"algorithm": "BC", "hidden_dims": [32, 32], "lr": [1e-3, 3e-3], "datasets": ["pendulum"]}}
+    datasets = [{"spec": str(pendulum_npz), "label": "pendulum"}, {"spec": str(pendulum_npz), "label": "unused"}]
+    config = write_config(tmp_path / "two.yaml", pendulum_npz, algorithms, name="two", steps=REPORT_EVERY,
+                          datasets=datasets)
     out = tmp_path / "out"
     result = tune(config, trials=1, out=out, objective_params=FQE_PARAMS, progress=False)
     names = optuna.study.get_all_study_names(f"sqlite:///{out / 'optuna.db'}")
