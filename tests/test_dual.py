@@ -250,10 +250,13 @@ def test_gorl_with_a_constant_guide_is_the_base_algorithm_bit_for_bit(cls):
     ds = pendulum_shaped_dataset()
     base = cls(**SMALL, random_state=0).fit(ds, n_steps=8, progress=False)
     frozen = cls(**SMALL, random_state=0, guide=Guide(expert_demos(), lr=0.0)).fit(ds, n_steps=8, progress=False)
+    frozen_normalized = cls(**SMALL, random_state=0, guide=Guide(expert_demos(), lr=0.0, normalize=True)).fit(
+        ds, n_steps=8, progress=False)
     learning = cls(**SMALL, random_state=0, guide=Guide(expert_demos(), lr=1e-3)).fit(ds, n_steps=8, progress=False)
     a, b, c = states(base), states(frozen), states(learning)
     assert a.keys() == b.keys()
     assert all(torch.equal(a[k], b[k]) for k in a)  # the meta step ran and changed nothing of the base update
+    assert all(torch.equal(a[k], v) for k, v in states(frozen_normalized).items())  # 1 / mean(1) is 1 exactly
     assert not all(torch.equal(a[k], c[k]) for k in a)  # a learning guide does change it
     obs = torch.as_tensor(ds.observations[:64])
     act = torch.as_tensor(ds.actions[:64])
@@ -278,6 +281,11 @@ def test_the_guide_moves_toward_samples_that_bring_the_policy_to_the_expert():
     model = TD3PlusBC(**SMALL, random_state=0, guide=Guide(demos, lr=1e-3)).fit(ds, n_steps=400, progress=False)
     scales = model.guide_net_(model.obs_normalizer_(torch.as_tensor(obs)), torch.as_tensor(actions, dtype=torch.float32))
     assert scales.mean() < 0.9
+    # normalised per batch, the guide cannot damp every sample: the batch's mean scale stays 1 (it still varies)
+    model = TD3PlusBC(**SMALL, random_state=0, guide=Guide(demos, lr=1e-3, normalize=True)).fit(
+        ds, n_steps=400, progress=False)
+    assert model.last_metrics_["guide_scale_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert model.last_metrics_["guide_scale_std"] > 0
 
 
 def test_guide_is_saved_and_loaded_with_the_model_and_resumes_exactly(tmp_path):

@@ -38,7 +38,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from offrl.algos.params import Rule, integer, layer_sizes, real
+from offrl.algos.params import Rule, boolean, integer, layer_sizes, real
 from offrl.datasets.core import Dataset
 from offrl.datasets.transformers import FittedStateMixin
 from offrl.nn import MLP
@@ -99,20 +99,28 @@ class Guide(FittedStateMixin, sklearn.base.BaseEstimator):
     `lr`: the guide's Adam learning rate (0 freezes it at the constant 1).
     `virtual_lr`: the SGD step size of the virtual actor update (None: the
     algorithm's actor learning rate).  `batch_size`: expert transitions per
-    guide step.  `fit(dataset)` loads the expert data and checks it against
-    the training dataset; the algorithm calls it on a clone.
+    guide step.  `normalize`: divide the scales by their mean over the
+    batch, so the guide shifts the improvement between samples but cannot
+    raise or lower it for the whole batch (the per-batch normalisation of
+    meta-learned sample weights, as in learning-to-reweight and
+    Meta-Weight-Net); without it the guide may drive every scale toward 0 and
+    turn the base algorithm into behaviour cloning.  `fit(dataset)` loads the
+    expert data and checks it against the training dataset; the algorithm
+    calls it on a clone.
     """
 
     _param_rules = {"expert": DEMONSTRATIONS_RULE, "hidden_dims": layer_sizes(), "lr": real(0, None),
-                    "virtual_lr": real(0, None, closed="neither", none=True), "batch_size": integer(1)}
+                    "virtual_lr": real(0, None, closed="neither", none=True), "batch_size": integer(1),
+                    "normalize": boolean()}
 
     def __init__(self, expert: Any = None, *, hidden_dims: Sequence[int] = (256, 256), lr: float = 1e-4,
-                 virtual_lr: float | None = None, batch_size: int = 256) -> None:
+                 virtual_lr: float | None = None, batch_size: int = 256, normalize: bool = False) -> None:
         self.expert = expert
         self.hidden_dims = hidden_dims
         self.lr = lr
         self.virtual_lr = virtual_lr
         self.batch_size = batch_size
+        self.normalize = normalize
 
     def fit(self, X: Dataset, y: None = None) -> "Guide":
         """Load the expert demonstrations into `expert_` and check them against the training dataset `X`."""
@@ -135,7 +143,7 @@ def as_guide(value: Any) -> Guide | None:
             return Guide(**value)
         except TypeError as err:
             raise TypeError(f"guide settings {sorted(value)} are not Guide parameters ({err}); use expert, "
-                            "hidden_dims, lr, virtual_lr, batch_size") from err
+                            "hidden_dims, lr, virtual_lr, batch_size, normalize") from err
     raise TypeError(f"guide must be None, an offrl.algos.guide.Guide, an expert Dataset or load spec, or a dict of "
                     f"Guide parameters; got {type(value).__name__}")
 
@@ -181,6 +189,7 @@ class GuidedMixin:
         actions = torch.as_tensor(np.ascontiguousarray(expert.actions, np.float32), device=self.device_)
         virtual_lr = fitted.virtual_lr if fitted.virtual_lr is not None else getattr(self, "actor_lr", 3e-4)
         self._guide_expert = (obs, actions, int(fitted.batch_size), float(virtual_lr))
+        self._guide_normalize = bool(fitted.normalize)
         self._guide_generator = torch.Generator(device=obs.device)
 
     def _expert_batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor, float]:
@@ -207,7 +216,12 @@ def guided_scales(algo: Any, obs: torch.Tensor, actions: torch.Tensor, step: int
     net, optimizer = algo.guide_net_, algo.guide_optimizer_
     expert_obs, expert_actions, virtual_lr = algo._expert_batch(step)
     params = dict(algo.policy_.named_parameters())
-    scales = net(obs, actions)
+
+    def scales_of(batch_obs: torch.Tensor, batch_actions: torch.Tensor) -> torch.Tensor:
+        w = net(batch_obs, batch_actions)
+        return w / w.mean() if algo._guide_normalize else w
+
+    scales = scales_of(obs, actions)
     grads = torch.autograd.grad(actor_loss_of(params, scales), list(params.values()), create_graph=True)
     virtual = {name: p - virtual_lr * g for (name, p), g in zip(params.items(), grads)}
     guide_loss = expert_loss_of(virtual, expert_obs, expert_actions)
@@ -218,7 +232,7 @@ def guided_scales(algo: Any, obs: torch.Tensor, actions: torch.Tensor, step: int
         p.grad = g
     optimizer.step()
     with torch.no_grad():
-        scales = net(obs, actions)
+        scales = scales_of(obs, actions)
     return scales, {"guide_loss": guide_loss.detach(), "guide_scale_mean": scales.mean(), "guide_scale_std": scales.std()}
 
 
