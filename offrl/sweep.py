@@ -578,6 +578,10 @@ def _parse_algorithms(value: Any, fail: Any, check_datasets: bool = True) -> dic
                 try:
                     check_params(template, {param: v})
                 except InvalidParameterError as err:
+                    if isinstance(v, dict):  # settings where the hyper-parameter takes none, or a grid miswritten
+                        hint = ("a mapping value is a grid only as {grid: [v1, v2, ...]}" if vkey == pkey
+                                else f"malformed grid value {v!r}")
+                        raise fail(vkey, f"{err}; {hint}") from None
                     raise fail(vkey, str(err)) from None
                 if v in values[:i]:
                     raise fail(pkey, f"the grid repeats {v!r}; each value makes one variant, so list it once")
@@ -766,10 +770,12 @@ def _grid_values(spec: Any, default: Any, key: str, fail: Any) -> tuple[list[Any
     """The values of one hyper-parameter and the config key of each.
 
     A list is a grid, except for list-valued hyper-parameters (e.g. hidden_dims), where a list of lists is.
+    A mapping is a grid when its one key is `grid`; any other mapping is one value, for the hyper-parameters
+    that take a mapping of settings (e.g. `guide`; the caller checks that the hyper-parameter accepts it).
     """
+    if isinstance(spec, dict) and set(spec) != {"grid"}:
+        return [spec], [key]
     if isinstance(spec, dict):
-        if set(spec) != {"grid"}:
-            raise fail(key, "a mapping value must be {grid: [v1, v2, ...]}")
         spec = spec["grid"]
         if not isinstance(spec, list):
             raise fail(key, "grid must be a list of values")
@@ -782,7 +788,7 @@ def _grid_values(spec: Any, default: Any, key: str, fail: Any) -> tuple[list[Any
     if not values:
         raise fail(key, "a grid needs at least one value")
     for v, vkey in zip(values, keys):
-        if isinstance(v, dict) or (isinstance(v, list) and not isinstance(default, (list, tuple))):
+        if isinstance(v, list) and not isinstance(default, (list, tuple)):  # (a mapping is checked by the caller)
             raise fail(vkey, f"malformed grid value {v!r}; use scalars, e.g. [0.7, 0.9]")
     return [tuple(v) if isinstance(v, list) else v for v in values], keys
 

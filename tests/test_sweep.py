@@ -410,3 +410,28 @@ def test_an_algorithm_can_run_on_some_of_the_datasets_only(tmp_path, pendulum_np
     assert "algorithms.IQL.datasets: no dataset is labelled 'c'; the config's dataset labels are ['a', 'b']" in error(["a", "c"])
     for bad in ([], "b", [3]):
         assert "algorithms.IQL.datasets: datasets must be a non-empty list of the dataset labels IQL runs on" in error(bad)
+
+
+def test_a_hyper_parameter_that_takes_settings_is_given_a_mapping(tmp_path, pendulum_npz):
+    from offrl.sweep import expand_runs
+
+    guide = {"expert": str(pendulum_npz), "normalize": True, "lr": 1e-3}
+    raw = {"name": "guided", "datasets": [{"spec": str(pendulum_npz), "label": "p"}], "seeds": [0], "steps": 4,
+           "eval": {"every": 4, "episodes": 1},
+           "algorithms": {"TD3PlusBC-GORL": {"algorithm": "TD3PlusBC", "hidden_dims": [8], "guide": guide},
+                          "IQL-GORL": {"algorithm": "IQL", "hidden_dims": [8], "guide": {"grid": [guide, None]}}}}
+    runs = expand_runs(parse_config(raw), tmp_path / "out")
+    assert sorted(r["variant"].split("-")[0] for r in runs) == ["IQL", "IQL", "TD3PlusBC"]  # a grid of two for IQL
+    results = run_sweep(parse_config(raw), workers=1, out=tmp_path / "out", progress=False)
+    assert list(results["status"]) == ["ok"] * 3
+    import offrl
+
+    run_dir = tmp_path / "out" / "runs" / "p" / "TD3PlusBC-GORL" / "seed0"
+    assert offrl.load(run_dir / "model.pt").guide == guide
+    import pandas as pd
+
+    assert pd.read_csv(run_dir / "train.csv")["guide_scale_mean"].iloc[-1] == pytest.approx(1.0, abs=1e-5)
+    raw["algorithms"] = {"BC": {"lr": {"low": 1e-4, "high": 1e-3}}}
+    with pytest.raises(ConfigError, match=r"algorithms\.BC\.lr: BC: lr must be a real number .*a mapping value is a "
+                                          r"grid only as \{grid: \[v1, v2, \.\.\.\]\}"):
+        parse_config(raw)
