@@ -402,3 +402,24 @@ def test_recoil_imitates_the_expert_better_than_bc_on_the_union():
     recoil_error = np.abs(recoil.predict(obs) - target).mean()
     bc_error = np.abs(bc.predict(obs) - target).mean()
     assert recoil_error < 0.7 * bc_error, (recoil_error, bc_error)
+
+
+def test_the_awr_weight_meta_gradient_stays_finite_where_exp_overflows():
+    """GORL differentiates IQL's AWR weights with respect to per-sample temperatures; a clipped weight whose
+    exponent overflows (exp = inf) gave 0 * inf = NaN in that gradient. The weights are unchanged, bit for bit."""
+    from offrl.algos.losses import awr_actor_loss
+
+    advantage = torch.tensor([-2.0, 0.1, 1.0, 40.0])
+    log_prob = torch.tensor([-1.0, -2.0, -0.5, -3.0])
+    beta = torch.tensor([3.0, 3.0, 3.0, 3.0], requires_grad=True)
+    naive = -(torch.exp(beta * advantage).clamp(max=100.0) * log_prob).mean()
+    naive.backward()
+    assert torch.isnan(beta.grad).any()  # the overflowing sample: exp(120) = inf in float32
+    beta.grad = None
+    loss = awr_actor_loss(advantage, log_prob, beta, 100.0)
+    loss.backward()
+    assert torch.isfinite(beta.grad).all() and beta.grad[3] == 0.0
+    assert torch.equal(loss.detach(), naive.detach())
+    rng = torch.Generator().manual_seed(0)
+    a, lp = torch.randn(4096, generator=rng) * 3, torch.randn(4096, generator=rng)
+    assert torch.equal(awr_actor_loss(a, lp, 3.0, 100.0), -(torch.exp(3.0 * a).clamp(max=100.0) * lp).mean())

@@ -156,6 +156,9 @@ def awr_actor_loss(advantage: torch.Tensor, log_prob: torch.Tensor, beta: float 
                    max_weight: float = 100.0) -> torch.Tensor:
     """Advantage-weighted regression: -E min(exp(beta A), max_weight) log pi(a|s), weights not differentiated.
 
-    `beta` may be a per-sample tensor (GORL's guided temperature)."""
-    weight = torch.exp(beta * advantage.detach()).clamp(max=max_weight)
+    `beta` may be a per-sample tensor (GORL's guided temperature), differentiated by the guide's meta-gradient:
+    the exponent is capped one above log(max_weight) first, so exp never overflows to inf (whose gradient times
+    the clip's zero is NaN); the weights are the same numbers as min(exp(beta A), max_weight)."""
+    exponent = (beta * advantage.detach()).clamp(max=math.log(max_weight) + 1.0)
+    weight = torch.exp(exponent).clamp(max=max_weight)
     return -(weight * log_prob).mean()
