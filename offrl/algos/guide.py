@@ -5,8 +5,9 @@ A policy-constraint algorithm trades the two with one constant for the whole
 dataset (TD3+BC's alpha, IQL's temperature beta).  GORL replaces it by
 alpha * w(s, a) for every sample, where a small guiding network w outputs a
 scale in (0, 2) (2 sigmoid(h), so an untrained guide, whose last layer starts
-at zero, outputs exactly 1 and leaves the base algorithm unchanged).  The
-guide is trained by a meta-gradient, as a bi-level problem:
+at zero, outputs exactly 1 and leaves the base algorithm unchanged), divided
+by its mean over the batch unless `Guide(normalize=False)`.  The guide is
+trained by a meta-gradient, as a bi-level problem:
 
     virtual step:  theta'(w) = theta - eta grad_theta L_actor(theta; w)        (one SGD step)
     guide loss:    L_guide(w) = L_BC(theta'(w); expert batch)                   (the actor's own BC loss)
@@ -99,12 +100,14 @@ class Guide(FittedStateMixin, sklearn.base.BaseEstimator):
     `lr`: the guide's Adam learning rate (0 freezes it at the constant 1).
     `virtual_lr`: the SGD step size of the virtual actor update (None: the
     algorithm's actor learning rate).  `batch_size`: expert transitions per
-    guide step.  `normalize`: divide the scales by their mean over the
-    batch, so the guide shifts the improvement between samples but cannot
-    raise or lower it for the whole batch (the per-batch normalisation of
-    meta-learned sample weights, as in learning-to-reweight and
-    Meta-Weight-Net); without it the guide may drive every scale toward 0 and
-    turn the base algorithm into behaviour cloning.  `fit(dataset)` loads the
+    guide step.  `normalize` (default True): divide the scales by their mean
+    over the batch, so the guide shifts the improvement between samples but
+    cannot raise or lower it for the whole batch (the per-batch normalisation
+    of meta-learned sample weights, as in learning-to-reweight and
+    Meta-Weight-Net).  Without it the guide drove every scale toward 0 on
+    hopper medium-expert, turning TD3+BC and IQL into near behaviour cloning
+    (benchmarks/RESULTS.md, issue 14); False is the guide before 2026-12-06.
+    `fit(dataset)` loads the
     expert data and checks it against the training dataset; the algorithm
     calls it on a clone.
     """
@@ -114,7 +117,7 @@ class Guide(FittedStateMixin, sklearn.base.BaseEstimator):
                     "normalize": boolean()}
 
     def __init__(self, expert: Any = None, *, hidden_dims: Sequence[int] = (256, 256), lr: float = 1e-4,
-                 virtual_lr: float | None = None, batch_size: int = 256, normalize: bool = False) -> None:
+                 virtual_lr: float | None = None, batch_size: int = 256, normalize: bool = True) -> None:
         self.expert = expert
         self.hidden_dims = hidden_dims
         self.lr = lr
