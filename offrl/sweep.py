@@ -271,13 +271,7 @@ def parse_config(
         raise fail("out", f"out must be a folder path (a string) or null, got {out!r}")
 
     datasets = _parse_datasets(raw["datasets"], fail, check_datasets)
-    algorithms = _parse_algorithms(raw["algorithms"], fail, check_datasets)
-    labels = [d["label"] for d in datasets]
-    for label, algo in algorithms.items():
-        unknown = [d for d in algo.get("datasets", ()) if d not in labels]
-        if unknown:
-            raise fail(f"algorithms.{label}.datasets", f"no dataset is labelled {unknown[0]!r}; the config's dataset "
-                                                       f"labels are {labels}")
+    algorithms = _parse_algorithms(raw["algorithms"], fail, check_datasets, [d["label"] for d in datasets])
 
     seeds_raw = raw.get("seeds", [0])
     if _is_int(seeds_raw):
@@ -529,7 +523,8 @@ def available_algorithms() -> list[str]:
     return names
 
 
-def _parse_algorithms(value: Any, fail: Any, check_datasets: bool = True) -> dict[str, dict[str, Any]]:
+def _parse_algorithms(value: Any, fail: Any, check_datasets: bool = True,
+                      dataset_labels: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
     from offrl.algos.params import InvalidParameterError, check_params
 
     if not isinstance(value, dict) or not value:
@@ -553,6 +548,10 @@ def _parse_algorithms(value: Any, fail: Any, check_datasets: bool = True) -> dic
             raise fail(f"{key}.datasets", f"datasets must be a non-empty list of the dataset labels {label} runs on "
                                           f"(e.g. [hopper-medium-v2]); leave it out to run on every dataset, got "
                                           f"{only!r}")
+        unknown = [d for d in only or () if d not in dataset_labels]
+        if unknown:
+            raise fail(f"{key}.datasets", f"no dataset is labelled {unknown[0]!r}; the config's dataset labels are "
+                                          f"{list(dataset_labels)}")
         has_online, online_raw = "online" in params, params.pop("online", None)
         if not isinstance(name, str):
             raise fail(f"{key}.algorithm", f"algorithm must be an algorithm name such as 'IQL', got {name!r}")

@@ -107,9 +107,8 @@ class Guide(FittedStateMixin, sklearn.base.BaseEstimator):
     Meta-Weight-Net).  Without it the guide drove every scale toward 0 on
     hopper medium-expert, turning TD3+BC and IQL into near behaviour cloning
     (benchmarks/RESULTS.md, issue 14); False is the guide before 2026-12-06.
-    `fit(dataset)` loads the
-    expert data and checks it against the training dataset; the algorithm
-    calls it on a clone.
+    `fit(dataset)` loads the expert data and checks it against the training
+    dataset; the algorithm calls it on a clone.
     """
 
     _param_rules = {"expert": DEMONSTRATIONS_RULE, "hidden_dims": layer_sizes(), "lr": real(0, None),
