@@ -262,14 +262,21 @@ class ReCOIL(IQL):
                  + E_mixed 1/2 (Q_i - (-R + gamma (1-d) clip(V(s')) + gamma d (-R/(1-gamma))))^2
              (V(s') clipped to [-R/(1-gamma), R/(1-gamma)], the range the rewards allow)
     value:   Gumbel loss (beta, max_clip) on Q' - V, mixed half
-    actor:   AWR (temperature, max_weight) on the mixed half
+    actor:   AWR (temperature, max_weight) on the mixed half, or with `actor_data="all"` on the whole batch
 
     `reward_bound` is R (the authors' 2, so expert Q-values sit at 200 for gamma 0.99).
+    `actor_data="mixed"` is the authors' actor; their mixed data holds 200 expert
+    trajectories (D4RL random + expert, about 1 row in 6), so its AWR weights
+    find expert actions there.  Where the mixed data has almost none (the
+    demonstrations only), the expert rows' advantage is about 0 and they are a
+    tiny share of the actor's data; `"all"` gives the actor the expert half too,
+    the mixture `expert_fraction` d_E + (1 - expert_fraction) d_mixed.
     """
 
     _param_rules = {"expert": DEMONSTRATIONS_RULE, "expert_fraction": real(0, 1, closed="neither"), "beta": real(0, None, closed="neither"),
                     "max_clip": real(0, None, closed="neither"), "reward_bound": real(0, None, closed="neither"),
-                    "expert_in_mixed": boolean(), "value_layer_norm": boolean()}
+                    "expert_in_mixed": boolean(), "value_layer_norm": boolean(),
+                    "actor_data": choice("mixed", "all")}
     required_labels = ("actions",)
 
     def __init__(
@@ -278,6 +285,7 @@ class ReCOIL(IQL):
         expert: Any = None,
         expert_fraction: float = 0.5,
         expert_in_mixed: bool = True,
+        actor_data: str = "mixed",
         beta: float = 1.0,
         max_clip: float = 7.0,
         reward_bound: float = 2.0,
@@ -305,6 +313,7 @@ class ReCOIL(IQL):
         self.expert = expert
         self.expert_fraction = expert_fraction
         self.expert_in_mixed = expert_in_mixed
+        self.actor_data = actor_data
         self.beta = beta
         self.max_clip = max_clip
         self.reward_bound = reward_bound
@@ -389,7 +398,13 @@ class ReCOIL(IQL):
                 # there (LSIQ's bounded targets), which stops the soft-max V from inflating Q without limit.
                 next_v = next_v.clamp(-bound, bound)
                 bellman = -self.reward_bound + self.gamma * ((1.0 - done) * next_v - done * bound)
-            actor_loss = awr_actor_loss(target_q - v, self.policy_.log_prob(obs[mixed], actions[mixed]),
+                advantage, actor_rows = target_q - v, mixed
+                if self.actor_data == "all":  # the expert rows' advantages, in front of the mixed ones
+                    expert = slice(None, n_expert)
+                    expert_advantage = (self.critic_target_(obs[expert], actions[expert]).min(0).values
+                                        - self.value_(obs[expert]))
+                    advantage, actor_rows = torch.cat([expert_advantage, advantage]), slice(None)
+            actor_loss = awr_actor_loss(advantage, self.policy_.log_prob(obs[actor_rows], actions[actor_rows]),
                                         self.temperature, self.max_weight)
             q = self.critic_(obs, actions)
             critic_loss = (0.5 * (q[:, :n_expert] - bound) ** 2).mean(dim=1).sum() \
