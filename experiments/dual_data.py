@@ -7,6 +7,10 @@ writes
     hopper-expert-5ep.npz          the first 5 episodes of hopper-expert-v5 (the demonstrations)
     hopper-random+medium-replay.npz  random and medium-replay together, rewards removed (ReCOIL's mixed data)
 
+With --mixed-expert-episodes N it also writes the ReCOIL authors' kind of mixed data: random together with the
+first N episodes of the expert kind, rewards removed ({env}-random+expert-{N}ep.npz; their code adds 200 expert
+trajectories to D4RL's random data and gives 1 trajectory as the demonstration: --expert-episodes 1).
+
 With --complete-episodes the demonstrations are the first 5 episodes that run to the time limit instead
 (hopper-expert-5ep-complete.npz): the expert kind samples the SAC policy's actions, so some of its episodes end
 in a fall, and how many differs between builds. The recorded figures of the other configs use the first 5.
@@ -45,6 +49,12 @@ def demonstration_episodes(expert: Dataset, n_episodes: int, complete_only: bool
     return complete[:n_episodes]
 
 
+def random_with_expert(random: Dataset, expert: Dataset, n_episodes: int) -> Dataset:
+    """The ReCOIL authors' kind of mixed data: `random` followed by the first `n_episodes` of `expert` (falls
+    included, as their code counts them), rewards removed."""
+    return Dataset.concatenate([random, expert.subset(demonstration_episodes(expert, n_episodes))]).without_rewards()
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="folder for the .npz files")
@@ -54,6 +64,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--expert-episodes", type=int, default=5)
     parser.add_argument("--complete-episodes", action="store_true",
                         help="demonstrations: the first episodes that reach the time limit (no falls)")
+    parser.add_argument("--mixed-expert-episodes", type=int, default=0,
+                        help="also write random + the first N expert episodes without rewards (the ReCOIL authors' "
+                             "mixed data; 0: do not)")
     parser.add_argument("--data-dir", default=os.environ.get("OFFRL_DATA_DIR"))
     args = parser.parse_args(argv)
     out = Path(args.out)
@@ -71,7 +84,16 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{stem}: episodes {episodes.tolist()} of {args.env}-expert-{args.version}, {demos.n_transitions} "
           f"transitions, return {demos.episode_returns().mean():.1f} per episode")
 
-    mixed = Dataset.concatenate([built("random"), built("medium-replay")]).without_rewards()
+    random = built("random")
+    if args.mixed_expert_episodes > 0:
+        with_expert = random_with_expert(random, expert, args.mixed_expert_episodes)
+        stem = f"{args.env}-random+expert-{args.mixed_expert_episodes}ep"
+        with_expert.metadata.update(name=f"{stem}-{args.version}")
+        with_expert.save(out / f"{stem}.npz")
+        print(f"{stem}: {with_expert.n_transitions} transitions ({with_expert.n_transitions - random.n_transitions} "
+              f"expert), {with_expert.n_episodes} episodes, no rewards")
+
+    mixed = Dataset.concatenate([random, built("medium-replay")]).without_rewards()
     mixed.metadata.update(name=f"{args.env}-random+medium-replay-{args.version}")
     mixed.save(out / f"{args.env}-random+medium-replay.npz")
     print(f"{args.env}-random+medium-replay: {mixed.n_transitions} transitions, {mixed.n_episodes} episodes, no rewards")

@@ -47,3 +47,16 @@ def test_demonstrations_are_the_first_episodes_or_the_first_that_reach_the_time_
         choose(expert, 7)
     with pytest.raises(ValueError, match="at least 1"):
         choose(expert, 0)
+
+
+def test_the_authors_mixed_data_is_random_then_the_first_expert_episodes_without_rewards():
+    join = _script("dual_data").random_with_expert
+    expert = _episodes([4, 6, 2, 6], [True, False, True, False])
+    random = _episodes([3, 3], [True, True])
+    mixed = join(random, expert, 3)
+    assert mixed.n_transitions == 6 + 12 and mixed.n_episodes == 5
+    assert not mixed.is_labelled("rewards")
+    np.testing.assert_array_equal(mixed.actions[6:], expert.actions[:12])
+    np.testing.assert_array_equal(mixed.actions[:6], random.actions)
+    with pytest.raises(ValueError, match="has 4 episodes.*asks for 5"):
+        join(random, expert, 5)
