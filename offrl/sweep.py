@@ -1189,8 +1189,14 @@ _RUN_LEVEL_PARAMS = frozenset({"random_state", "device", "log_every"})
 
 
 def _plain_params(estimator: Any) -> dict[str, Any]:
-    return {key: _plain(value) for key, value in sorted(estimator.get_params(deep=False).items())
-            if key not in _RUN_LEVEL_PARAMS}
+    params = estimator.get_params(deep=False)
+    if params.get("guide") is not None:
+        # A GORL guide written as a load spec or a dict of settings: record the Guide it becomes, defaults
+        # included, so a changed Guide default (as `normalize` on 2026-12-06) does not reuse older results.
+        from offrl.algos.guide import as_guide
+
+        params["guide"] = as_guide(params["guide"])
+    return {key: _plain(value) for key, value in sorted(params.items()) if key not in _RUN_LEVEL_PARAMS}
 
 
 def _plain(value: Any) -> Any:

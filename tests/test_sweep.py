@@ -99,6 +99,23 @@ def test_a_changed_config_trains_from_scratch_not_from_the_old_checkpoint(tmp_pa
     assert json.loads((run_dir / "config.json").read_text())["params"]["lr"] == 0.1
 
 
+def test_a_guide_given_as_a_spec_or_settings_is_recorded_with_its_defaults():
+    """A GORL guide written in a config as a path or a dict resolves to the Guide it becomes, so a result made
+    under another Guide default (normalize was False before 2026-12-06) is not reused."""
+    from offrl.algos.guide import Guide
+    from offrl.sweep import resolved_params
+
+    def guide_of(guide):
+        return resolved_params({"algorithm": "TD3PlusBC", "params": {"guide": guide}})["algorithm"]["guide"]
+
+    as_path = guide_of("demos.npz")
+    assert as_path["class"] == "Guide" and as_path["params"]["expert"] == "demos.npz"
+    assert as_path["params"]["normalize"] is Guide().normalize and as_path["params"]["lr"] == Guide().lr
+    assert guide_of({"expert": "demos.npz", "normalize": False})["params"]["normalize"] is False
+    assert guide_of({"expert": "demos.npz"}) == as_path
+    assert resolved_params({"algorithm": "TD3PlusBC", "params": {}})["algorithm"]["guide"] is None
+
+
 def test_a_result_made_with_other_defaults_is_trained_again(tmp_path, pendulum_npz):
     """The hash holds the params as written; a default that changed in the code since must not reuse the result."""
     config = write_config(tmp_path / "sweep.yaml", [str(pendulum_npz)], seeds=(0,),
