@@ -18,8 +18,10 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import torch
 
 import offrl
+from offrl.algos.losses import awr_weights
 from offrl.datasets import Dataset, load
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -56,7 +58,7 @@ def main() -> None:
         print(f"{run}  (temperature {model.temperature}, max_weight {model.max_weight})")
         for name, (n_rows, observations, actions) in groups.items():
             a = advantage(model, observations, actions)
-            weight = np.exp(np.minimum(model.temperature * a, np.log(model.max_weight) + 1.0)).clip(max=model.max_weight)
+            weight = awr_weights(torch.from_numpy(a), model.temperature, model.max_weight).numpy()
             print(f"  {name:26s} rows {n_rows:>9,d}  Q {model.predict_value(observations, actions).mean():7.1f}  "
                   f"A mean {a.mean():6.2f} median {np.median(a):6.2f} q90 {np.quantile(a, 0.9):6.2f}  "
                   f"weight mean {weight.mean():5.1f}, at the cap {np.mean(weight >= model.max_weight):.2f}")

@@ -43,7 +43,7 @@ import torch
 
 from offrl.algos.base import make_adam
 from offrl.algos.generative import GenerativeQLearning, normalised_q_loss
-from offrl.algos.losses import expectile_loss
+from offrl.algos.losses import awr_weights, expectile_loss
 from offrl.algos.losses import critic_td_loss
 from offrl.algos.params import choice, integer, real
 from offrl.datasets.core import Batch
@@ -255,7 +255,7 @@ class EDP(GenerativeQLearning):
                 q_i = torch.where(coin, q[0], q[1])
                 guide = -(self.alpha / q_i.abs().mean().detach()) * q_i.mean()
             else:
-                weight = torch.exp(self.temperature * advantage).clamp(max=self.max_weight)
+                weight = awr_weights(advantage, self.temperature, self.max_weight)
                 guide = (weight * 0.5 * ((unit - a0) ** 2).sum(-1)).mean()
             return bc_loss + guide, bc_loss, guide
 

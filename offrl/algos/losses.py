@@ -33,7 +33,7 @@ from torch import nn
 
 __all__ = ["critic_td_loss", "huber_td_loss", "mse_bc_loss", "sac_actor_loss", "temperature_loss", "LearnedScale",
            "expectile_loss", "gumbel_loss", "chi_square_loss", "total_variation_loss", "VALUE_LOSSES", "value_loss",
-           "awr_actor_loss"]
+           "awr_weights", "awr_actor_loss"]
 
 
 def critic_td_loss(q: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -152,13 +152,17 @@ def value_loss(divergence: str, diff: torch.Tensor, *, expectile: float = 0.7, l
     raise ValueError(f"divergence must be one of {VALUE_LOSSES}, got {divergence!r}")
 
 
-def awr_actor_loss(advantage: torch.Tensor, log_prob: torch.Tensor, beta: float | torch.Tensor,
-                   max_weight: float = 100.0) -> torch.Tensor:
-    """Advantage-weighted regression: -E min(exp(beta A), max_weight) log pi(a|s), weights not differentiated.
+def awr_weights(advantage: torch.Tensor, beta: float | torch.Tensor, max_weight: float = 100.0) -> torch.Tensor:
+    """AWR's sample weights min(exp(beta A), max_weight), A not differentiated.
 
     `beta` may be a per-sample tensor (GORL's guided temperature), differentiated by the guide's meta-gradient:
     the exponent is capped one above log(max_weight) first, so exp never overflows to inf (whose gradient times
     the clip's zero is NaN); the weights are the same numbers as min(exp(beta A), max_weight)."""
     exponent = (beta * advantage.detach()).clamp(max=math.log(max_weight) + 1.0)
-    weight = torch.exp(exponent).clamp(max=max_weight)
-    return -(weight * log_prob).mean()
+    return torch.exp(exponent).clamp(max=max_weight)
+
+
+def awr_actor_loss(advantage: torch.Tensor, log_prob: torch.Tensor, beta: float | torch.Tensor,
+                   max_weight: float = 100.0) -> torch.Tensor:
+    """Advantage-weighted regression: -E min(exp(beta A), max_weight) log pi(a|s), weights as `awr_weights`."""
+    return -(awr_weights(advantage, beta, max_weight) * log_prob).mean()
