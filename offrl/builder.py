@@ -519,6 +519,11 @@ class BuildReport:
     elapsed_s: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
     expert_step: int | None = None
+    # The record of what the SAC run was made with (`software_versions()`; None for a run recorded before versions
+    # were), and where this machine differs from it: name -> (recorded, here).  Not part of the cache key, since
+    # data made elsewhere are still valid data, but a rebuild here may not repeat them.
+    software: dict[str, str] | None = None
+    software_changed: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     def format(self) -> str:
         lines = [
@@ -546,6 +551,14 @@ class BuildReport:
         for kind, path in self.policies.items():
             lines.append(f"{kind} policy: {path}  (offrl.load)")
         stages = ", ".join(f"{k} {v:.1f} s" for k, v in self.timings.items())
+        if self.software:
+            lines.append("made with: " + ", ".join(f"{k} {v}" for k, v in self.software.items()))
+        if self.software_changed:
+            changed = "; ".join(f"{k} {here!r} (made with {recorded!r})"
+                                for k, (recorded, here) in self.software_changed.items())
+            lines.append(f"note: this machine differs from the one the SAC run was made on: {changed}. The cached "
+                         "data stay valid, but a rebuild here (--force) may not repeat them: builds differ across CPU "
+                         "models and MuJoCo releases")
         lines.append(f"elapsed {self.elapsed_s:.1f} s" + (f" ({stages})" if stages else ""))
         return "\n".join(lines)
 
@@ -587,6 +600,13 @@ def software_versions() -> dict[str, str]:
         except importlib.metadata.PackageNotFoundError:
             versions[package] = "not installed"
     return versions
+
+
+def software_differences(recorded: Mapping[str, str] | None, here: Mapping[str, str]) -> dict[str, tuple[str, str]]:
+    """name -> (recorded, here) for each entry of a software record that this machine's record does not repeat."""
+    if not recorded:
+        return {}
+    return {k: (str(v), str(here.get(k, "not recorded"))) for k, v in recorded.items() if str(here.get(k)) != str(v)}
 
 
 def cpu_model() -> str:
@@ -1022,12 +1042,14 @@ def build(
         first = next(iter(datasets.values()))
         refs = {k: first.get(k) for k in ("ref_min_score", "ref_max_score", "medium_step", "medium_eval_score",
                                           "expert_deterministic_return", "expert_step")}
+    software = state.get("software") or next((d.get("software") for d in datasets.values() if d.get("software")), None)
     return BuildReport(
         name=name, env_id=target.env_id, seed=cfg.seed, sac_steps=cfg.sac_steps, n_transitions=cfg.n_transitions,
         data_dir=str(root), run_dir=str(builder.run_dir), **refs,
         datasets={k: datasets[k] for k in KINDS if k in datasets},
         policies={k: str(builder.policy_path(k)) for k in ("medium", "expert")},
         built=[k for k in KINDS if k in todo], elapsed_s=time.perf_counter() - start, timings=timings,
+        software=software, software_changed=software_differences(software, software_versions()),
     )
 
 

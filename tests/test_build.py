@@ -141,6 +141,32 @@ def test_the_run_and_its_datasets_record_the_software_versions(built):
         assert info["software"] == software
 
 
+def test_a_cached_build_made_on_another_machine_is_reused_and_says_so(built, tmp_path, monkeypatch):
+    """The CPU model and versions are a record, not part of the cache key: data made elsewhere are reused as they
+    are, and the report names what differs, since a rebuild here may not repeat them."""
+    import json
+    import shutil
+
+    from offrl.builder import cpu_model
+
+    report = built["report"]
+    assert report.software is not None and report.software_changed == {}
+    assert "made with: python" in report.format() and "this machine differs" not in report.format()
+    root = tmp_path / "copy"
+    shutil.copytree(built["dir"], root)
+    monkeypatch.setenv("OFFRL_DATA_DIR", str(root))
+    run_file = root / report.run_dir[len(str(built["dir"])) + 1:] / "run.json"
+    record = json.loads(run_file.read_text())
+    record["software"] = {**record["software"], "cpu": "Some Other CPU", "mujoco": "2.3.0"}
+    run_file.write_text(json.dumps(record))
+    again = build("pendulum-expert-v1", progress=False, **TINY)
+    assert again.built == []  # reused, not rebuilt
+    assert again.software_changed == {"cpu": ("Some Other CPU", cpu_model()),
+                                      "mujoco": ("2.3.0", report.software["mujoco"])}
+    text = again.format()
+    assert "this machine differs" in text and "'Some Other CPU'" in text and "(made with '2.3.0')" in text
+
+
 def test_load_scheme_and_cache(built, monkeypatch):
     monkeypatch.setenv("OFFRL_DATA_DIR", str(built["dir"]))
     ds = offrl.datasets.load("offrl:pendulum-medium-v1", **LOAD)
