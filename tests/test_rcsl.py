@@ -58,7 +58,8 @@ def test_rvs_commands_of_each_conditioning_on_a_hand_made_dataset():
     ds = two_episodes()  # returns to go 6, 5, 3 | 9, 5; the longest episode has H = 3 steps
     scale = 0.5
     np.testing.assert_allclose(rvs_commands(ds, "rtg", scale, 3)[:, 0], [3.0, 2.5, 1.5, 4.5, 2.5])
-    # RvS's average reward to go G_t / (H - t), times H * scale: 6/3, 5/2, 3/1 | 9/3, 5/2 (x 1.5)
+    # RvS's average reward to go G_t / (H - t), times H * scale: 6/3, 5/2, 3/1 | 9/3, 5/2 (x 1.5); the shorter second
+    # episode divides by H - t too, not by its own remaining steps (RvS's reward_to_go in its dataset.py)
     np.testing.assert_allclose(rvs_commands(ds, "avg_rtg", scale, 3)[:, 0], [3.0, 3.75, 4.5, 4.5, 3.75])
     udrl = rvs_commands(ds, "udrl", scale, 3)
     np.testing.assert_allclose(udrl[:, 0], [3.0, 2.5, 1.5, 4.5, 2.5])

@@ -52,6 +52,9 @@ def rvs_commands(dataset: Dataset, conditioning: str, return_scale: float, horiz
     "rtg": G_t * scale; "avg_rtg": G_t / (H - t) * H * scale (RvS's average
     reward to go, in the units of a whole episode's return); "udrl":
     (G_t * scale, (L - t) / H).  H is `horizon` (RvS: the longest episode).
+    The average divides by H - t even for an episode that ended early (a
+    fall), as RvS's `reward_to_go` does, so such an episode's rows carry a
+    lower command than its own per-step rewards would give.
     """
     if conditioning not in CONDITIONINGS:
         raise ValueError(f"conditioning must be one of {CONDITIONINGS}, got {conditioning!r}")
