@@ -176,9 +176,15 @@ def _print_selection(selection: Any, paths: dict[str, Any]) -> None:
 
 def _sweep(args: argparse.Namespace) -> int:
     from offrl.report import ope_selection, score_table, write_report
-    from offrl.sweep import load_config, run_sweep
+    from offrl.sweep import load_config, run_sweep, select_runs
 
-    config = load_config(args.config)  # every problem of the config is reported here, before any run
+    # Every problem of the config is reported here, before any run; with a selection, only the data it runs on
+    # need exist.
+    selecting = args.algorithms is not None or args.datasets is not None or args.seeds is not None
+    config = load_config(args.config, check_datasets=not selecting)
+    if selecting:
+        config = select_runs(config, algorithms=args.algorithms, datasets=args.datasets, seeds=args.seeds,
+                             check_datasets=True)
     out = args.out or config.out or f"offrl-results/{config.name}"
     results = run_sweep(config, backend=args.backend, workers=args.workers, address=args.address, out=out,
                         progress=not args.no_progress, ope=args.ope)
@@ -883,7 +889,9 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--force", action="store_true", help="overwrite an existing file")
 
     sweep = command(commands, "sweep", _sweep, ["offrl sweep experiments/pendulum_acceptance.yaml --workers 4",
-                                                "offrl sweep experiments/pendulum_acceptance.yaml --ope FQE,DR,WPDIS"],
+                                                "offrl sweep experiments/pendulum_acceptance.yaml --ope FQE,DR,WPDIS",
+                                                "offrl sweep experiments/pendulum_acceptance.yaml --algorithms IQL "
+                                                "--seeds 3,4,5"],
                     help="run a benchmark sweep from a YAML config")
     sweep.add_argument("config", help="sweep YAML (see experiments/)")
     sweep.add_argument("--backend", choices=("local", "ray"), default="local")
@@ -904,6 +912,13 @@ def build_parser() -> argparse.ArgumentParser:
                        help="OPE estimators, comma-separated (e.g. FQE,DR,WPDIS), run on every trained policy "
                             "against its dataset, in place of the config's ope.estimators; finished runs are not "
                             "trained again, only their missing estimates are computed")
+    sweep.add_argument("--algorithms", default=None, metavar="LABELS",
+                       help="run only these algorithm labels of the config (comma-separated); each run keeps the "
+                            "directory and hash it has in the whole sweep")
+    sweep.add_argument("--datasets", default=None, metavar="LABELS",
+                       help="run only these dataset labels of the config (comma-separated)")
+    sweep.add_argument("--seeds", default=None, metavar="N,...",
+                       help="run these seeds in place of the config's (comma-separated, e.g. 3,4,5)")
 
     report = command(commands, "report", _report, ["offrl report offrl-results/pendulum_acceptance --title 'Pendulum'"],
                      help="aggregate a sweep directory into tables and report.html")

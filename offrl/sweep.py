@@ -50,7 +50,7 @@ from offrl.datasets.core import atomic_write_path
 from offrl.datasets.files import LockTimeoutError, check_inside, check_path_name, wait_for_lock
 
 __all__ = ["ConfigError", "SweepConfig", "UniqueKeyLoader", "load_config", "parse_config", "expand_runs", "run_sweep",
-           "execute_run", "run_lock_path", "runs_on", "env_problem", "parse_ope_estimators", "ope_settings", "ope_missing"]
+           "select_runs", "execute_run", "run_lock_path", "runs_on", "env_problem", "parse_ope_estimators", "ope_settings", "ope_missing"]
 
 _TOP_KEYS = {"name", "datasets", "algorithms", "seeds", "steps", "eval", "ope", "checkpoint_every", "device",
              "threads_per_run", "out", "log_every", "presets"}
@@ -873,6 +873,78 @@ def ope_settings(config: SweepConfig) -> dict[str, Any] | None:
 
 
 # ---------------------------------------------------------------------------- runs
+def _names(value: str | Sequence[Any] | None, what: str) -> list[str] | None:
+    """A comma-separated string or a sequence of names as a list (None stays None); an empty one is an error."""
+    if value is None:
+        return None
+    names = [n.strip() for n in value.split(",")] if isinstance(value, str) else [str(n) for n in value]
+    names = [n for n in names if n]
+    if not names:
+        raise ValueError(f"{what} must name at least one, got {value!r}")
+    return names
+
+
+def select_runs(config: SweepConfig, algorithms: str | Sequence[str] | None = None,
+                datasets: str | Sequence[str] | None = None,
+                seeds: str | Sequence[int] | None = None, check_datasets: bool = False) -> SweepConfig:
+    """The config restricted to some of its algorithm and dataset labels, and run with the given seeds.
+
+    A selection changes which runs start, not what a run is: each run keeps the directory and hash it has in the
+    whole config, so seeds 1-2 of one entry run now and seed 0 later make the same results as the whole sweep
+    (and its summary lists every finished run in the output folder).  `seeds` replaces the config's seeds (more
+    seeds than the file lists is fine); an unknown label is an error naming the config's own.
+    `check_datasets` checks that the selected datasets (and labelers' demonstrations) can be loaded, for a config
+    read with `load_config(..., check_datasets=False)` so that data the selection leaves out need not exist.
+    """
+    algo_names, data_names = _names(algorithms, "algorithms"), _names(datasets, "datasets")
+    changes: dict[str, Any] = {}
+    if algo_names is not None:
+        unknown = [n for n in algo_names if n not in config.algorithms]
+        if unknown:
+            raise ValueError(f"algorithm label(s) {unknown} not in {config.source}; its algorithms are "
+                             f"{sorted(config.algorithms)}")
+        changes["algorithms"] = {k: v for k, v in config.algorithms.items() if k in algo_names}
+    if data_names is not None:
+        labels = [d["label"] for d in config.datasets]
+        unknown = [n for n in data_names if n not in labels]
+        if unknown:
+            raise ValueError(f"dataset label(s) {unknown} not in {config.source}; its datasets are {labels}")
+        changes["datasets"] = [d for d in config.datasets if d["label"] in data_names]
+    if seeds is not None:
+        parts = seeds.split(",") if isinstance(seeds, str) else list(seeds)
+        try:
+            chosen = [int(str(s).strip()) for s in parts if str(s).strip()]
+        except ValueError:
+            raise ValueError(f"seeds must be integers separated by commas (e.g. 1,2), got {seeds!r}") from None
+        bad = [s for s in chosen if not 0 <= s < 2**63]
+        if not chosen or bad or len(set(chosen)) != len(chosen):
+            raise ValueError(f"seeds must be distinct non-negative integers below 2**63 (each is a run's "
+                             f"random_state), got {seeds!r}")
+        changes["seeds"] = chosen
+    selected = dataclasses.replace(config, **changes)
+    if not any(runs_on(a, d) for a in selected.algorithms.values() for d in selected.datasets):
+        raise ValueError(f"no run of {config.source} matches: the selected algorithms "
+                         f"{sorted(selected.algorithms)} run on none of the selected datasets "
+                         f"{[d['label'] for d in selected.datasets]} (see their `datasets:` lists)")
+    if check_datasets:
+        _check_data(selected)
+    return selected
+
+
+def _check_data(config: SweepConfig) -> None:
+    """The load checks `parse_config(check_datasets=True)` makes, on a parsed config's datasets and demonstrations."""
+    for dataset in config.datasets:
+        problem = dataset_problem(dataset["spec"], build=dataset["build"], options=dataset.get("build_options"))
+        if problem:
+            raise ConfigError(config.source, None, f"datasets ({dataset['label']})", problem)
+    for label, algo in config.algorithms.items():
+        for name, params in algo.get("labelers", []):
+            if isinstance(params.get("expert"), str):
+                problem = dataset_problem(params["expert"], build=False)
+                if problem:
+                    raise ConfigError(config.source, None, f"algorithms.{label}.labelers.{name}.expert", problem)
+
+
 def _hash(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=list).encode()).hexdigest()[:12]
 
@@ -1552,6 +1624,9 @@ def run_sweep(
     progress: bool = True,
     on_result: Callable[[dict[str, Any]], None] | None = None,
     ope: str | Sequence[str] | None = None,
+    algorithms: str | Sequence[str] | None = None,
+    datasets: str | Sequence[str] | None = None,
+    seeds: str | Sequence[int] | None = None,
 ) -> Any:
     """Run every missing run of the sweep and return the results table (a DataFrame, one row per run).
 
@@ -1565,6 +1640,10 @@ def run_sweep(
     env, in place of the config's `ope.estimators` (its gamma, rollouts and
     fqe_params still apply).  It does not enter the run hashes: finished runs
     are not trained again, only their missing estimates are computed.
+
+    `algorithms`, `datasets` (labels, a list or comma-separated) and `seeds`
+    run part of the sweep (`select_runs`): the runs are those of the whole
+    config, and the returned table holds every run found in the output folder.
     """
     from offrl.report import results_frame
 
@@ -1572,8 +1651,15 @@ def run_sweep(
         raise ValueError(f"backend must be 'local' or 'ray', got {backend!r}")
     if workers is not None and (not _is_int(workers) or workers < 1):
         raise ValueError(f"workers must be a positive integer (parallel runs) or None (one per CPU), got {workers!r}")
-    if not isinstance(config, SweepConfig):
-        config = load_config(config)
+    selecting = algorithms is not None or datasets is not None or seeds is not None
+    if not isinstance(config, SweepConfig):  # with a selection, only the selected data need exist
+        config = load_config(config, check_datasets=not selecting)
+        check_selected = selecting
+    else:
+        check_selected = False
+    if selecting:
+        config = select_runs(config, algorithms=algorithms, datasets=datasets, seeds=seeds,
+                             check_datasets=check_selected)
     if ope is not None:
         config = dataclasses.replace(config, ope_request=parse_ope_estimators(ope))
     out_dir = Path(out or config.out or Path("offrl-results") / config.name)

@@ -452,3 +452,59 @@ def test_a_hyper_parameter_that_takes_settings_is_given_a_mapping(tmp_path, pend
     with pytest.raises(ConfigError, match=r"algorithms\.BC\.lr: BC: lr must be a real number .*a mapping value is a "
                                           r"grid only as \{grid: \[v1, v2, \.\.\.\]\}"):
         parse_config(raw)
+
+
+def test_a_selection_runs_part_of_the_sweep_as_the_whole_sweep_would(tmp_path, pendulum_npz):
+    """--algorithms/--datasets/--seeds start some runs of a config; each is the run the whole config makes (same
+    directory and hash), and the summary lists every run found in the output folder."""
+    from offrl.sweep import expand_runs, select_runs
+
+    datasets = [{"spec": str(pendulum_npz), "label": "a"}, {"spec": str(pendulum_npz), "label": "b"}]
+    algorithms = {"BC": {"hidden_dims": [8]}, "BC-small-lr": {"algorithm": "BC", "hidden_dims": [8], "lr": 1e-4}}
+    config = parse_config({"name": "part", "datasets": datasets, "algorithms": algorithms, "seeds": [0, 1],
+                           "steps": 20, "eval": {"every": 20, "episodes": 1}}, source="part.yaml")
+    whole = {r["dir"]: r["hash"] for r in expand_runs(config, tmp_path / "out")}
+    part = select_runs(config, algorithms="BC-small-lr", datasets=["b"], seeds="1, 3")
+    chosen = {r["dir"]: r["hash"] for r in expand_runs(part, tmp_path / "out")}
+    assert sorted(Path(d).relative_to(tmp_path / "out" / "runs").as_posix() for d in chosen) == [
+        "b/BC-small-lr/seed1", "b/BC-small-lr/seed3"]
+    assert all(whole[d] == h for d, h in chosen.items() if d in whole)  # seed 1: the whole config's run
+    assert config.seeds == [0, 1] and list(config.algorithms) == ["BC", "BC-small-lr"]  # the config is not changed
+
+    first = run_sweep(config, workers=1, out=tmp_path / "out", progress=False, algorithms=["BC"], seeds=[0])
+    assert len(first) == 2 and set(first["dataset"]) == {"a", "b"} and set(first["seed"]) == {0}
+    done = {p: p.stat().st_mtime_ns for p in (tmp_path / "out").glob("runs/**/result.json")}
+    second = run_sweep(config, workers=1, out=tmp_path / "out", progress=False, datasets="a")
+    assert len(second) == 5 and (second["status"] == "ok").all()  # 2 from the first selection, 3 new ones on "a"
+    assert all(p.stat().st_mtime_ns == t for p, t in done.items())  # what ran before is not run again
+    assert sorted(second.loc[second["dataset"] == "a", "variant"] + "/" + second.loc[second["dataset"] == "a", "seed"]
+                  .astype(str)) == ["BC-small-lr/0", "BC-small-lr/1", "BC/0", "BC/1"]
+
+    with pytest.raises(ValueError, match=r"algorithm label\(s\) \['CQL'\] not in part.yaml; its algorithms are "
+                                         r"\['BC', 'BC-small-lr'\]"):
+        select_runs(config, algorithms="BC,CQL")
+    with pytest.raises(ValueError, match=r"dataset label\(s\) \['c'\] not in part.yaml; its datasets are \['a', 'b'\]"):
+        select_runs(config, datasets="c")
+    for bad in ("1,x", "-1", "2,2", ""):
+        with pytest.raises(ValueError, match="seeds must be"):
+            select_runs(config, seeds=bad)
+    only_b = parse_config({"name": "part", "datasets": datasets, "steps": 20,
+                           "algorithms": {"IQL": {"hidden_dims": [8], "datasets": ["b"]}}}, source="part.yaml")
+    with pytest.raises(ValueError, match=r"no run of part.yaml matches: the selected algorithms \['IQL'\] run on none "
+                                         r"of the selected datasets \['a'\]"):
+        select_runs(only_b, datasets="a")
+
+
+def test_the_cli_selection_needs_only_the_selected_data(tmp_path, pendulum_npz, capsys):
+    missing = tmp_path / "not-there.npz"
+    config = write_config(tmp_path / "sweep.yaml", [{"spec": str(pendulum_npz), "label": "here"},
+                                                    {"spec": str(missing), "label": "gone"}],
+                          steps=20, seeds=(0, 1, 2), algorithms={"BC": {"hidden_dims": [8]}})
+    out = tmp_path / "out"
+    assert cli_main(["sweep", str(config), "--out", str(out), "--no-progress"]) == 2  # the whole config: refused
+    assert "not-there.npz" in capsys.readouterr().err and not out.exists()
+    assert cli_main(["sweep", str(config), "--out", str(out), "--no-progress", "--datasets", "here",
+                     "--seeds", "2"]) == 0
+    assert [p.parent.relative_to(out / "runs").as_posix() for p in out.glob("runs/**/result.json")] == ["here/BC/seed2"]
+    assert cli_main(["sweep", str(config), "--out", str(out), "--no-progress", "--datasets", "gone"]) == 2
+    assert "datasets (gone)" in capsys.readouterr().err
