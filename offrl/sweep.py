@@ -50,7 +50,8 @@ from offrl.datasets.core import atomic_write_path
 from offrl.datasets.files import LockTimeoutError, check_inside, check_path_name, wait_for_lock
 
 __all__ = ["ConfigError", "SweepConfig", "UniqueKeyLoader", "load_config", "parse_config", "expand_runs", "run_sweep",
-           "select_runs", "execute_run", "run_lock_path", "runs_on", "env_problem", "parse_ope_estimators", "ope_settings", "ope_missing"]
+           "select_runs", "execute_run", "run_lock_path", "runs_on", "env_problem", "parse_ope_estimators",
+           "ope_settings", "ope_missing"]
 
 _TOP_KEYS = {"name", "datasets", "algorithms", "seeds", "steps", "eval", "ope", "checkpoint_every", "device",
              "threads_per_run", "out", "log_every", "presets"}
@@ -1652,14 +1653,13 @@ def run_sweep(
     if workers is not None and (not _is_int(workers) or workers < 1):
         raise ValueError(f"workers must be a positive integer (parallel runs) or None (one per CPU), got {workers!r}")
     selecting = algorithms is not None or datasets is not None or seeds is not None
-    if not isinstance(config, SweepConfig):  # with a selection, only the selected data need exist
+    if not isinstance(config, SweepConfig):
+        # With a selection, only the selected data need exist: those are checked once the selection is made.
         config = load_config(config, check_datasets=not selecting)
-        check_selected = selecting
-    else:
-        check_selected = False
-    if selecting:
-        config = select_runs(config, algorithms=algorithms, datasets=datasets, seeds=seeds,
-                             check_datasets=check_selected)
+        if selecting:
+            config = select_runs(config, algorithms=algorithms, datasets=datasets, seeds=seeds, check_datasets=True)
+    elif selecting:
+        config = select_runs(config, algorithms=algorithms, datasets=datasets, seeds=seeds)
     if ope is not None:
         config = dataclasses.replace(config, ope_request=parse_ope_estimators(ope))
     out_dir = Path(out or config.out or Path("offrl-results") / config.name)

@@ -506,5 +506,9 @@ def test_the_cli_selection_needs_only_the_selected_data(tmp_path, pendulum_npz, 
     assert cli_main(["sweep", str(config), "--out", str(out), "--no-progress", "--datasets", "here",
                      "--seeds", "2"]) == 0
     assert [p.parent.relative_to(out / "runs").as_posix() for p in out.glob("runs/**/result.json")] == ["here/BC/seed2"]
+    with pytest.raises(ConfigError, match="not-there.npz"):  # from Python, the same: the whole config is refused...
+        run_sweep(config, workers=1, out=out, progress=False)
+    table = run_sweep(config, workers=1, out=out, progress=False, datasets=["here"], seeds=[2])  # ...a part is not
+    assert list(table["seed"]) == [2] and (table["status"] == "ok").all()
     assert cli_main(["sweep", str(config), "--out", str(out), "--no-progress", "--datasets", "gone"]) == 2
     assert "datasets (gone)" in capsys.readouterr().err
