@@ -6,6 +6,8 @@
     python benchmarks/updates.py --threads 1 --clock cpu   # robust on a shared machine
     python benchmarks/updates.py --algos IQL,DiffusionQL,EDP,EDP-iql,FQL,OFQL --threads 1 --clock cpu
     python benchmarks/updates.py --algos IQL,XQL,FDVL,ReCOIL,TD3PlusBC,TD3PlusBC-GORL,IQL-GORL --threads 1 --clock cpu
+    python benchmarks/updates.py --algos TD3PlusBC,TD3PlusBC-GORL,TD3PlusBC-GORL-raw,IQL,IQL-GORL,IQL-GORL-raw \
+        --threads 1 --clock cpu             # GORL with and without its guide's normalisation
 
 Each configuration trains through the real `fit` loop (sampling from a
 dataset held as tensors, `log_every` = one timed chunk) on a synthetic
@@ -18,7 +20,9 @@ dataset with Hopper's dimensions (11-d observations, 3-d actions) and batch
   DiffusionQL (5 diffusion steps) and OFQL compare at equal sizes;
 - FQL: its class default, the paper's 4x512 GELU actors and critics;
 - XQL, FDVL, ReCOIL, TD3PlusBC-GORL, IQL-GORL (`guide=` 5 synthetic expert
-  episodes: the guide's meta-gradient step included): 256x256;
+  episodes: the guide's meta-gradient step included), TD3PlusBC-GORL-raw and
+  IQL-GORL-raw (the same with `Guide(normalize=False)`, the paper's raw
+  scales): 256x256;
 - RvS (2x1024) and DecisionTransformer (context 20, 128-d, 3 layers, batch 64 windows
   of the segment sampler, whatever --batch-size): their class defaults.
 
@@ -67,16 +71,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from offrl.algos import (BC, CQL, EDP, FDVL, FQL, IQL, OFQL, XQL, CalQL, DecisionTransformer,  # noqa: E402
                          DiffusionQL, ReCOIL, RvS, TD3PlusBC)
+from offrl.algos.guide import Guide  # noqa: E402
 from offrl.datasets import Dataset  # noqa: E402
 
 ALGORITHMS = {"BC": BC, "TD3PlusBC": TD3PlusBC, "IQL": IQL, "CQL": CQL, "CalQL": CalQL,
               "DiffusionQL": DiffusionQL, "EDP": EDP, "EDP-iql": functools.partial(EDP, variant="iql"),
               "FQL": FQL, "OFQL": OFQL, "XQL": XQL, "FDVL": FDVL, "ReCOIL": ReCOIL,
-              "TD3PlusBC-GORL": TD3PlusBC, "IQL-GORL": IQL, "RvS": RvS, "DecisionTransformer": DecisionTransformer}
+              "TD3PlusBC-GORL": TD3PlusBC, "IQL-GORL": IQL, "TD3PlusBC-GORL-raw": TD3PlusBC, "IQL-GORL-raw": IQL,
+              "RvS": RvS, "DecisionTransformer": DecisionTransformer}
 # updates per timed chunk (about 0.1-0.3 s each; the generative ones measured on one CPU thread)
 CHUNK = {"BC": 200, "TD3PlusBC": 100, "IQL": 100, "CQL": 6, "CalQL": 6,
          "DiffusionQL": 6, "EDP": 10, "EDP-iql": 12, "FQL": 3, "OFQL": 7, "XQL": 100, "FDVL": 100, "ReCOIL": 50,
-         "TD3PlusBC-GORL": 50, "IQL-GORL": 50, "RvS": 50, "DecisionTransformer": 3}
+         "TD3PlusBC-GORL": 50, "IQL-GORL": 50, "TD3PlusBC-GORL-raw": 50, "IQL-GORL-raw": 50, "RvS": 50,
+         "DecisionTransformer": 3}
 _SMALL_NETWORKS = {"hidden_dims": (256, 256)}
 _EMA_FROM_START = {"ema_start": 0}
 # hyper-parameters every timed instance gets (before --set): see the module docstring
@@ -84,10 +91,14 @@ BENCH_PARAMS = {"BC": _SMALL_NETWORKS, "TD3PlusBC": _SMALL_NETWORKS, "IQL": _SMA
                 "CalQL": _SMALL_NETWORKS, "DiffusionQL": _EMA_FROM_START, "EDP": _EMA_FROM_START, "EDP-iql": {},
                 "FQL": {}, "OFQL": _EMA_FROM_START, "XQL": _SMALL_NETWORKS, "FDVL": _SMALL_NETWORKS,
                 "ReCOIL": _SMALL_NETWORKS, "TD3PlusBC-GORL": _SMALL_NETWORKS, "IQL-GORL": _SMALL_NETWORKS,
+                "TD3PlusBC-GORL-raw": _SMALL_NETWORKS, "IQL-GORL-raw": _SMALL_NETWORKS,
                 "RvS": {}, "DecisionTransformer": {}}
 # algorithms that learn from expert demonstrations get 5 synthetic episodes of 1000 steps (GORL's guide, ReCOIL's
 # expert; at the benchmark's batch of 256 ReCOIL draws 128 expert + 128 mixed rows)
-DEMONSTRATIONS = {"TD3PlusBC-GORL": "guide", "IQL-GORL": "guide", "ReCOIL": "expert"}
+DEMONSTRATIONS = {"TD3PlusBC-GORL": "guide", "IQL-GORL": "guide", "TD3PlusBC-GORL-raw": "guide",
+                  "IQL-GORL-raw": "guide", "ReCOIL": "expert"}
+# the guide's scales used as they come (GORL's paper) rather than divided by their batch mean (offrl's default)
+RAW_GUIDE = {"TD3PlusBC-GORL-raw", "IQL-GORL-raw"}
 # algorithms timed at their own batch size rather than --batch-size (a DT batch is 64 windows of 20 steps)
 OWN_BATCH = {"DecisionTransformer": 64}
 
@@ -95,6 +106,8 @@ OWN_BATCH = {"DecisionTransformer": 64}
 def make_algorithm(name: str, params: dict | None = None, **fixed: Any) -> Any:
     """The timed estimator: the benchmark's sizes for `name`, then `--set` params, then the fixed settings."""
     demos = {DEMONSTRATIONS[name]: synthetic_dataset(n=5000, seed=1)} if name in DEMONSTRATIONS else {}
+    if name in RAW_GUIDE:
+        demos["guide"] = Guide(expert=demos["guide"], normalize=False)
     if name in OWN_BATCH and "batch_size" in fixed:
         fixed["batch_size"] = OWN_BATCH[name]
     return ALGORITHMS[name](**{**BENCH_PARAMS[name], **demos, **(params or {})}, **fixed)
