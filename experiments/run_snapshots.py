@@ -17,17 +17,11 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-
-
-def _expand(value: Any) -> Any:
-    """`$OFFRL_DATA_DIR/...` in a sweep's settings, as the sweep resolves it."""
-    return os.path.expandvars(value) if isinstance(value, str) else value
 
 
 def _losses(path: Path, until: int) -> dict[int, list[str]]:
@@ -51,18 +45,18 @@ def main() -> None:
     args = parser.parse_args()
 
     import offrl
-    import offrl.algos
     from offrl.datasets import load
     from offrl.evaluation import make_env
+    from offrl.sweep import _load_dataset, _make_algorithm
 
-    config = json.loads((args.run_dir / "config.json").read_text())
+    config = json.loads((args.run_dir / "config.json").read_text())  # the run as the sweep ran it
+    if config.get("labelers") or config.get("online"):
+        raise SystemExit(f"{args.run_dir} has labelers or an online phase; this script retrains plain offline runs")
     out = args.out or args.run_dir / "snapshots"
     out.mkdir(parents=True, exist_ok=True)
-    params = {k: _expand(v) for k, v in config["params"].items()}
-    algo = getattr(offrl.algos, config["algorithm"])(**params, random_state=config["seed"], device=config["device"],
-                                                      log_every=config["log_every"])
+    algo = _make_algorithm(config)  # the sweep's estimator: its settings, seed, device and log_every
     torch.set_num_threads(1)  # the sweep's threads_per_run
-    dataset = load(_expand(config["dataset"]["spec"]))
+    dataset = _load_dataset(config["dataset"])
 
     def snapshot(model: Any, step: int, metrics: dict[str, float]) -> bool:
         if step % args.every == 0:
@@ -74,7 +68,7 @@ def main() -> None:
     same = all(ours[s] == theirs[s] for s in ours if s in theirs)
     print(f"losses repeat the run's train.csv at {sum(s in theirs for s in ours)} logged steps: {same}")
 
-    demos = load(_expand(args.demos)) if args.demos else None
+    demos = load(args.demos) if args.demos else None  # load expands $OFFRL_DATA_DIR
     print(f"{'step':>8} {'score':>7} {'std':>6} {'mean length':>11}"
           + (f" {'share >= ' + str(args.success_return):>16}" if args.success_return is not None else "")
           + (f" {'action error':>12}" if demos is not None else ""))

@@ -176,15 +176,10 @@ def _print_selection(selection: Any, paths: dict[str, Any]) -> None:
 
 def _sweep(args: argparse.Namespace) -> int:
     from offrl.report import ope_selection, score_table, write_report
-    from offrl.sweep import load_config, run_sweep, select_runs
+    from offrl.sweep import load_config, run_sweep
 
-    # Every problem of the config is reported here, before any run; with a selection, only the data it runs on
-    # need exist.
-    selecting = args.algorithms is not None or args.datasets is not None or args.seeds is not None
-    config = load_config(args.config, check_datasets=not selecting)
-    if selecting:
-        config = select_runs(config, algorithms=args.algorithms, datasets=args.datasets, seeds=args.seeds,
-                             check_datasets=True)
+    # Every problem of the config (of the selected part, with a selection) is reported here, before any run.
+    config = load_config(args.config, algorithms=args.algorithms, datasets=args.datasets, seeds=args.seeds)
     out = args.out or config.out or f"offrl-results/{config.name}"
     results = run_sweep(config, backend=args.backend, workers=args.workers, address=args.address, out=out,
                         progress=not args.no_progress, ope=args.ope)

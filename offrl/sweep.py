@@ -155,8 +155,17 @@ class SweepConfig:
     ope_request: list[str] | None = None
 
 
-def load_config(path: str | os.PathLike, check_datasets: bool = True) -> SweepConfig:
-    """Read and validate a sweep YAML file (a key given twice in one mapping is an error)."""
+def load_config(path: str | os.PathLike, check_datasets: bool = True, *,
+                algorithms: str | Sequence[str] | None = None, datasets: str | Sequence[str] | None = None,
+                seeds: str | Sequence[int] | None = None) -> SweepConfig:
+    """Read and validate a sweep YAML file (a key given twice in one mapping is an error).
+
+    `algorithms`, `datasets` and `seeds` select part of it (`select_runs`); then only the selected data are
+    checked, so data the selection leaves out need not exist.
+    """
+    if algorithms is not None or datasets is not None or seeds is not None:
+        whole = load_config(path, check_datasets=False)
+        return select_runs(whole, algorithms=algorithms, datasets=datasets, seeds=seeds, check_datasets=check_datasets)
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"sweep config {path} does not exist")
@@ -895,7 +904,7 @@ def select_runs(config: SweepConfig, algorithms: str | Sequence[str] | None = No
     (and its summary lists every finished run in the output folder).  `seeds` replaces the config's seeds (more
     seeds than the file lists is fine); an unknown label is an error naming the config's own.
     `check_datasets` checks that the selected datasets (and labelers' demonstrations) can be loaded, for a config
-    read with `load_config(..., check_datasets=False)` so that data the selection leaves out need not exist.
+    read without that check (`load_config` with a selection does this).
     """
     algo_names, data_names = _names(algorithms, "algorithms"), _names(datasets, "datasets")
     changes: dict[str, Any] = {}
@@ -1652,13 +1661,9 @@ def run_sweep(
         raise ValueError(f"backend must be 'local' or 'ray', got {backend!r}")
     if workers is not None and (not _is_int(workers) or workers < 1):
         raise ValueError(f"workers must be a positive integer (parallel runs) or None (one per CPU), got {workers!r}")
-    selecting = algorithms is not None or datasets is not None or seeds is not None
     if not isinstance(config, SweepConfig):
-        # With a selection, only the selected data need exist: those are checked once the selection is made.
-        config = load_config(config, check_datasets=not selecting)
-        if selecting:
-            config = select_runs(config, algorithms=algorithms, datasets=datasets, seeds=seeds, check_datasets=True)
-    elif selecting:
+        config = load_config(config, algorithms=algorithms, datasets=datasets, seeds=seeds)
+    elif algorithms is not None or datasets is not None or seeds is not None:
         config = select_runs(config, algorithms=algorithms, datasets=datasets, seeds=seeds)
     if ope is not None:
         config = dataclasses.replace(config, ope_request=parse_ope_estimators(ope))
