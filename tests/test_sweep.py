@@ -512,3 +512,25 @@ def test_the_cli_selection_needs_only_the_selected_data(tmp_path, pendulum_npz, 
     assert list(table["seed"]) == [2] and (table["status"] == "ok").all()
     assert cli_main(["sweep", str(config), "--out", str(out), "--no-progress", "--datasets", "gone"]) == 2
     assert "datasets (gone)" in capsys.readouterr().err
+
+
+def test_a_one_worker_sweep_shows_the_step_of_its_run_while_it_trains(tmp_path, pendulum_npz, monkeypatch):
+    import threading
+
+    import offrl.sweep as sweep
+
+    monkeypatch.setattr(sweep, "_POLL_SECONDS", 0.01)
+    shown = []  # the step counts of the bar's refreshes made outside the training thread
+    original = sweep._Progress.show
+
+    def show(view):
+        original(view)
+        if threading.current_thread() is not threading.main_thread():
+            shown.append(view.bar.postfix)
+
+    monkeypatch.setattr(sweep._Progress, "show", show)
+    config = write_config(tmp_path / "sweep.yaml", [str(pendulum_npz)], steps=1500, seeds=(0,),
+                          algorithms={"BC": {"hidden_dims": [32, 32]}})
+    results = run_sweep(config, workers=1, out=tmp_path / "out", progress=True)
+    assert list(results["status"]) == ["ok"]
+    assert any("BC/s0" in postfix and "/1500" in postfix for postfix in shown), shown[-3:]
