@@ -266,8 +266,11 @@ class ReCOIL(IQL):
 
     `reward_bound` is R (the authors' 2, so expert Q-values sit at 200 for gamma 0.99).
     `actor_data="mixed"` is the authors' actor; their mixed data holds 200 expert
-    trajectories (D4RL random + expert, about 1 row in 6), so its AWR weights
-    find expert actions there.  Where the mixed data has almost none (the
+    trajectories (D4RL random + expert, about 1 row in 6), and on the states of
+    the expert's gait, which random episodes never reach, those are the only
+    actions the actor sees (the weights do not single them out: measured on
+    hopper, the expert rows hold no more than their share of the weight
+    mass).  Where the mixed data has almost none (the
     demonstrations only), the expert rows' advantage is about 0 and they are a
     tiny share of the actor's data; `"all"` gives the actor the expert half too,
     the mixture `expert_fraction` d_E + (1 - expert_fraction) d_mixed.
