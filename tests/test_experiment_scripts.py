@@ -1,4 +1,4 @@
-"""The helpers of scripts under experiments/ that choose what an experiment's data is."""
+"""The helpers of scripts under experiments/ that choose what an experiment's data is, or read its runs."""
 
 from __future__ import annotations
 
@@ -60,3 +60,54 @@ def test_the_authors_mixed_data_is_random_then_the_first_expert_episodes_without
     np.testing.assert_array_equal(mixed.actions[:6], random.actions)
     with pytest.raises(ValueError, match="has 4 episodes.*asks for 5"):
         join(random, expert, 5)
+
+
+def test_the_actor_weight_readings_split_the_mixed_rows_and_measure_the_demonstrations_spacing():
+    script = _script("recoil_actor_weights")
+    assert script._parts("random:3,medium-replay:2", 5) == [("random", 0, 3), ("medium-replay", 3, 5)]
+    with pytest.raises(SystemExit, match="covers 4 rows but the mixed data has 5"):
+        script._parts("random:3,medium-replay:1", 5)
+    with pytest.raises(SystemExit, match="name:rows"):
+        script._parts("random=3", 3)
+    # Two demonstrations along the same line, one 0.5 beside the other: each state's nearest state of the other
+    # episode is 0.5 away, whatever the states of its own episode.
+    import torch
+
+    first = torch.tensor([[0.0, 0.0], [1.0, 0.0], [2.0, 0.0]])
+    demos = torch.cat([first, first + torch.tensor([0.0, 0.5])])
+    assert script.demo_spacing(demos, np.array([0, 0, 0, 1, 1, 1])) == pytest.approx(0.5)
+    with pytest.raises(SystemExit, match="one episode"):
+        script.demo_spacing(demos, np.zeros(6, dtype=int))
+    assert script.nearest_distance(torch.tensor([[0.0, 3.0]]), demos).tolist() == pytest.approx([2.5])
+    a = np.array([0.1, 5.0, -2.0, 3.0])
+    assert script.spearman(a, a ** 3) == pytest.approx(1.0)
+    assert script.spearman(a, -a) == pytest.approx(-1.0)
+
+
+def test_run_snapshots_trains_a_sweep_run_again_with_the_same_losses(tmp_path, monkeypatch, capsys):
+    import sys
+
+    import torch
+    import yaml
+
+    from conftest import random_pendulum_npz
+    from offrl.sweep import run_sweep
+
+    data = random_pendulum_npz(tmp_path / "pendulum.npz", n_episodes=3)
+    config = tmp_path / "sweep.yaml"
+    config.write_text(yaml.safe_dump({"name": "tiny", "datasets": [str(data)],
+                                      "algorithms": {"BC": {"hidden_dims": [32, 32]}},
+                                      "seeds": [0], "steps": 200, "log_every": 50}))
+    threads = torch.get_num_threads()
+    try:
+        run_sweep(config, workers=1, out=tmp_path / "out", progress=False)
+        (run_dir,) = (tmp_path / "out" / "runs").glob("*/BC/seed0")
+        monkeypatch.setattr(sys, "argv", ["run_snapshots.py", str(run_dir), "--until", "100", "--every", "50",
+                                          "--episodes", "1", "--env", "Pendulum-v1", "--out", str(tmp_path / "snaps")])
+        _script("run_snapshots").main()
+    finally:
+        torch.set_num_threads(threads)
+    out = capsys.readouterr().out
+    assert "losses repeat the run's train.csv at 2 logged steps: True" in out
+    assert sorted(p.name for p in (tmp_path / "snaps").glob("step*.pt")) == ["step0000050.pt", "step0000100.pt"]
+    assert [line.split()[0] for line in out.splitlines()[2:]] == ["50", "100"]
