@@ -1784,7 +1784,11 @@ def _run_local(runs: list[dict[str, Any]], workers: int, progress: bool, skipped
     try:
         if workers == 1 or len(runs) <= 1:
             # The runs train in this process, so a daemon thread refreshes the bar's step counts meanwhile (as the
-            # pool loop below does between polls); Ctrl-C still reaches the training, in the main thread.
+            # pool loop below does between polls); Ctrl-C still reaches the training, in the main thread.  Each run
+            # sets torch's thread count to threads_per_run; the caller's own count comes back afterwards.
+            import torch
+
+            caller_threads = torch.get_num_threads()
             stop = threading.Event()
             refresher = threading.Thread(target=_refresh_until, args=(view, stop), daemon=True)
             if progress:
@@ -1804,6 +1808,7 @@ def _run_local(runs: list[dict[str, Any]], workers: int, progress: bool, skipped
                 stop.set()
                 if refresher.is_alive():
                     refresher.join()
+                torch.set_num_threads(caller_threads)
             return view.results
         with cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"),
                                     initializer=_die_with_parent, initargs=(os.getpid(),)) as pool:

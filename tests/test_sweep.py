@@ -534,3 +534,18 @@ def test_a_one_worker_sweep_shows_the_step_of_its_run_while_it_trains(tmp_path, 
     results = run_sweep(config, workers=1, out=tmp_path / "out", progress=True)
     assert list(results["status"]) == ["ok"]
     assert any("BC/s0" in postfix and "/1500" in postfix for postfix in shown), shown[-3:]
+
+
+def test_a_one_worker_sweep_gives_the_caller_its_torch_thread_count_back(tmp_path, pendulum_npz):
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(3)  # not the sweep's threads_per_run (1), which each run sets for itself
+        config = write_config(tmp_path / "sweep.yaml", [str(pendulum_npz)], steps=50, seeds=(0,),
+                              algorithms={"BC": {"hidden_dims": [16]}})
+        results = run_sweep(config, workers=1, out=tmp_path / "out", progress=False)
+        assert list(results["status"]) == ["ok"]
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(before)
