@@ -1736,12 +1736,6 @@ class _Progress:
 
 
 _POLL_SECONDS = 2.0
-
-
-def _refresh_until(view: _Progress, stop: threading.Event) -> None:
-    """Show `view` every `_POLL_SECONDS` until `stop` is set (the one-worker sweep's refresher thread)."""
-    while not stop.wait(_POLL_SECONDS):
-        view.show()
 _PARENT_POLL_SECONDS = 1.0
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
@@ -1783,32 +1777,7 @@ def _run_local(runs: list[dict[str, Any]], workers: int, progress: bool, skipped
     view = _Progress(len(runs), skipped, progress, on_result)
     try:
         if workers == 1 or len(runs) <= 1:
-            # The runs train in this process, so a daemon thread refreshes the bar's step counts meanwhile (as the
-            # pool loop below does between polls); Ctrl-C still reaches the training, in the main thread.  Each run
-            # sets torch's thread count to threads_per_run; the caller's own count comes back afterwards.
-            import torch
-
-            caller_threads = torch.get_num_threads()
-            stop = threading.Event()
-            refresher = threading.Thread(target=_refresh_until, args=(view, stop), daemon=True)
-            if progress:
-                refresher.start()
-            try:
-                queue = [(run, False) for run in runs]
-                while queue:
-                    run, wait = queue.pop(0)
-                    view.running = [run]
-                    view.show()
-                    result = execute_run(run, wait_if_busy=wait)
-                    if result["status"] == _BUSY:  # another process is writing it: the other runs first
-                        queue.append((run, True))
-                    else:
-                        view.record(result)
-            finally:
-                stop.set()
-                if refresher.is_alive():
-                    refresher.join()
-                torch.set_num_threads(caller_threads)
+            _run_in_this_process(runs, view)
             return view.results
         with cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"),
                                     initializer=_die_with_parent, initargs=(os.getpid(),)) as pool:
@@ -1832,6 +1801,44 @@ def _run_local(runs: list[dict[str, Any]], workers: int, progress: bool, skipped
     finally:
         view.close()
     return view.results
+
+
+def _run_in_this_process(runs: list[dict[str, Any]], view: _Progress) -> None:
+    """Train the runs one after another in this process, recording each result in `view`.
+
+    A daemon thread refreshes the bar's step counts meanwhile (as the pool loop does between polls), so Ctrl-C
+    still reaches the training, in the main thread.  Each run sets torch's thread count to its threads_per_run;
+    the caller's own count comes back afterwards.
+    """
+    import torch
+
+    caller_threads = torch.get_num_threads()
+    stop = threading.Event()
+    refresher = threading.Thread(target=_refresh_until, args=(view, stop), daemon=True)
+    if view.enabled:
+        refresher.start()
+    try:
+        queue = [(run, False) for run in runs]
+        while queue:
+            run, wait = queue.pop(0)
+            view.running = [run]
+            view.show()
+            result = execute_run(run, wait_if_busy=wait)
+            if result["status"] == _BUSY:  # another process is writing it: the other runs first
+                queue.append((run, True))
+            else:
+                view.record(result)
+    finally:
+        stop.set()
+        if refresher.is_alive():
+            refresher.join()
+        torch.set_num_threads(caller_threads)
+
+
+def _refresh_until(view: _Progress, stop: threading.Event) -> None:
+    """Show `view` every `_POLL_SECONDS` until `stop` is set (the in-process sweep's refresher thread)."""
+    while not stop.wait(_POLL_SECONDS):
+        view.show()
 
 
 def _run_ray(runs: list[dict[str, Any]], workers: int, address: str | None, progress: bool, skipped: int,
