@@ -522,7 +522,8 @@ def make_result(
     est = components.value() if value is None else float(value)
     pseudo = components.pseudo_samples()
     n = len(pseudo)
-    std_error = float(pseudo.std(ddof=1) / math.sqrt(n)) if n > 1 else math.inf
+    with np.errstate(over="ignore"):  # terms beyond ~1e154 (unnormalised weights over long episodes): inf
+        std_error = float(pseudo.std(ddof=1) / math.sqrt(n)) if n > 1 else math.inf
     ratio = components.den is not None
     if interval == "bootstrap":
         low, high = components.bootstrap_interval(alpha, n_bootstrap, random_state)
