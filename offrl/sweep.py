@@ -1700,15 +1700,19 @@ class _Progress:
         self.running: list[dict[str, Any]] = []
         self.results: list[dict[str, Any]] = []
         self.on_result = on_result
+        # The in-process sweep's refresher thread shows the bar too: one lock, so a refresh that read the counts
+        # before a run finished cannot overwrite the postfix written after it.
+        self._lock = threading.RLock()
 
     def update(self, result: dict[str, Any]) -> None:
-        if result.get("status") == "failed":
-            self.failed += 1
-        else:
-            self.done += 1
-        self.running = [r for r in self.running if r["dir"] != result.get("dir")]
-        self.bar.update(1)
-        self.show()
+        with self._lock:
+            if result.get("status") == "failed":
+                self.failed += 1
+            else:
+                self.done += 1
+            self.running = [r for r in self.running if r["dir"] != result.get("dir")]
+            self.bar.update(1)
+            self.show()
 
     def record(self, result: dict[str, Any]) -> None:
         """A run has finished: keep its result, show it, and hand it to `on_result`."""
@@ -1720,16 +1724,18 @@ class _Progress:
     def show(self) -> None:
         if not self.enabled:
             return
-        steps = []
-        for run in self.running:
-            step = run_step(run["dir"])
-            if step:
-                total = run["steps"] + (run.get("online") or {}).get("steps", 0)
-                steps.append(f"{run['variant']}/s{run['seed']} {step}/{total}")
-        postfix = {"done": self.done, "failed": self.failed, "running": len(self.running), "skipped": self.skipped}
-        if steps:
-            postfix["steps"] = ", ".join(steps[:4]) + (" ..." if len(steps) > 4 else "")
-        self.bar.set_postfix(postfix)
+        with self._lock:
+            steps = []
+            for run in self.running:
+                step = run_step(run["dir"])
+                if step:
+                    total = run["steps"] + (run.get("online") or {}).get("steps", 0)
+                    steps.append(f"{run['variant']}/s{run['seed']} {step}/{total}")
+            postfix = {"done": self.done, "failed": self.failed, "running": len(self.running),
+                       "skipped": self.skipped}
+            if steps:
+                postfix["steps"] = ", ".join(steps[:4]) + (" ..." if len(steps) > 4 else "")
+            self.bar.set_postfix(postfix)
 
     def close(self) -> None:
         self.bar.close()
