@@ -13,7 +13,8 @@ demonstrations when `expert_in_mixed`). Printed per snapshot:
 - the share of the actor's expected weight mass on each part: the demonstrations (both halves) and each named part of
   the mixed data (`--parts`, the mixed file's row blocks in order);
 - on the demonstrated states (mixed rows closer to a demonstrated state than the demonstrations' own median spacing
-  between episodes, and the demonstrations themselves): the share of the weight mass the mixed rows hold there;
+  between episodes, and the demonstrations themselves): the share of the weight mass the mixed rows hold there (nan
+  with one demonstration, which has no such spacing);
 - the share of the mixed rows whose weight sits at `max_weight`, and the share of their weight mass those rows hold;
 - the weighted mean distance, in the model's normalised observations, from a mixed row to its nearest demonstrated
   state (how far from the demonstrations the actor's mixed targets lie), next to the unweighted one;
@@ -67,9 +68,10 @@ def nearest_distance(points: torch.Tensor, reference: torch.Tensor, chunk: int =
 
 def demo_spacing(demo_obs: torch.Tensor, episode: np.ndarray) -> float:
     """The median distance from a demonstrated state to the nearest state of another demonstration: how far apart
-    the expert's own runs lie, the radius within which a mixed row counts as on the demonstrated states."""
+    the expert's own runs lie, the radius within which a mixed row counts as on the demonstrated states. NaN for a
+    single demonstration (the authors' setting), which has no spacing between runs: the weight masses do not need it."""
     if episode.max() == 0:
-        raise SystemExit("the demonstrations hold one episode; the near-demonstration radius needs two or more")
+        return float("nan")
     distance = torch.cdist(demo_obs, demo_obs)
     same = torch.as_tensor(episode[:, None] == episode[None, :])
     return float(distance.masked_fill(same, float("inf")).min(1).values.median())
@@ -112,7 +114,9 @@ def main() -> None:
         distance = nearest_distance(normalise(mixed_obs), normalise(demo_obs))
         radius = demo_spacing(normalise(demo_obs), demo_episode)
         near = distance <= radius
-        if previous is None:
+        if previous is None and np.isnan(radius):
+            print("one demonstration: no spacing between the expert's runs, so no near-demonstration share (nan)")
+        elif previous is None:
             print(f"near-demonstration radius {radius:.2f}: {near.mean():.1%} of the sampled mixed rows lie within it")
         weight = lambda a: awr_weights(torch.as_tensor(a), model.temperature, model.max_weight).numpy()  # noqa: E731
         a_mixed, a_demo = advantages(model, mixed_obs, mixed_act), advantages(model, demo_obs, demo_act)
@@ -140,7 +144,7 @@ def main() -> None:
         rows_at_cap, at_cap = capped.mean(), w_mixed[capped].sum() / w_mixed.sum()
         corr = spearman(previous, a_mixed) if previous is not None else float("nan")
         previous = a_mixed
-        near_share = near_mass / (near_mass + mass["demonstrations"])
+        near_share = near_mass / (near_mass + mass["demonstrations"]) if not np.isnan(radius) else float("nan")
         print(f"{path.stem:>20} " + " ".join(f"{mass[n] / total:>20.3f}" for n in names)
               + f" {near_share:>17.3f} {rows_at_cap:>11.3f} {at_cap:>11.3f}"
               + f" {np.average(distance, weights=w_mixed):>9.2f} {distance.mean():>6.2f} {corr:>9.3f}", flush=True)
