@@ -111,13 +111,14 @@ def main() -> None:
         if type(model).__name__ != "ReCOIL":
             raise SystemExit(f"{path} holds a {type(model).__name__}, not a ReCOIL model")
         normalise = lambda x: model.obs_normalizer_(torch.as_tensor(x, dtype=torch.float32))  # noqa: E731
-        distance = nearest_distance(normalise(mixed_obs), normalise(demo_obs))
-        radius = demo_spacing(normalise(demo_obs), demo_episode)
-        near = distance <= radius
-        if previous is None and np.isnan(radius):
-            print("one demonstration: no spacing between the expert's runs, so no near-demonstration share (nan)")
-        elif previous is None:
-            print(f"near-demonstration radius {radius:.2f}: {near.mean():.1%} of the sampled mixed rows lie within it")
+        demo_normalised = normalise(demo_obs)
+        distance = nearest_distance(normalise(mixed_obs), demo_normalised)
+        radius = demo_spacing(demo_normalised, demo_episode)
+        near = distance <= radius  # none when radius is nan (one demonstration)
+        if previous is None:
+            print("one demonstration: no spacing between the expert's runs, so no near-demonstration share (nan)"
+                  if np.isnan(radius) else
+                  f"near-demonstration radius {radius:.2f}: {near.mean():.1%} of the sampled mixed rows lie within it")
         weight = lambda a: awr_weights(torch.as_tensor(a), model.temperature, model.max_weight).numpy()  # noqa: E731
         a_mixed, a_demo = advantages(model, mixed_obs, mixed_act), advantages(model, demo_obs, demo_act)
         w_mixed, w_demo = weight(a_mixed), weight(a_demo)
