@@ -56,10 +56,11 @@ _DIFFUSION_QL: list[tuple[tuple[str, ...], dict[str, Any]]] = [
 ]
 
 # XQL's reproduce/ scripts (Div99/XQL offline): the Gumbel temperature --temp and the exponent clip --max_clip per
-# dataset.  (hopper-medium-expert also adds one uniform random action per state to the value loss,
-# --sample_random_times=1, which offrl does not implement.)  AntMaze follows IQL's reward and AWR settings.
+# dataset; hopper-medium-expert also adds one uniform random action per state to the value loss
+# (--sample_random_times=1, offrl's random_actions).  AntMaze follows IQL's reward and AWR settings.
 _XQL: list[tuple[tuple[str, ...], dict[str, Any]]] = [
-    (("hopper-medium-replay", "hopper-medium-expert"), {"beta": 2.0, "max_clip": 7.0}),
+    (("hopper-medium-replay",), {"beta": 2.0, "max_clip": 7.0}),
+    (("hopper-medium-expert",), {"beta": 2.0, "max_clip": 7.0, "random_actions": 1}),
     (("halfcheetah-medium-replay", "halfcheetah-medium-expert"), {"beta": 1.0, "max_clip": 5.0}),
     (("walker2d-medium-replay",), {"beta": 5.0, "max_clip": 5.0}),
     (("walker2d-medium-expert",), {"beta": 2.0, "max_clip": 5.0}),
