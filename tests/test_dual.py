@@ -13,8 +13,8 @@ import torch
 import offrl
 from offrl.algos import FDVL, IQL, XQL, BC, ReCOIL, TD3PlusBC
 from offrl.algos.guide import Guide, as_guide
-from offrl.algos.losses import (VALUE_LOSSES, chi_square_loss, expectile_loss, gumbel_loss, total_variation_loss,
-                                value_loss)
+from offrl.algos.losses import (VALUE_LOSSES, chi_square_loss, expectile_loss, gumbel_log_loss, gumbel_loss,
+                                total_variation_loss, value_loss)
 from offrl.algos.params import InvalidParameterError
 from offrl.algos.presets import preset_params
 from offrl.datasets import Dataset
@@ -77,6 +77,30 @@ def test_gumbel_loss_reaches_the_log_sum_exp(q_values, beta):
         assert descend(lambda d: gumbel_loss(d, beta, max_clip=7.0), x) == pytest.approx(expected, abs=1e-3)
 
 
+@pytest.mark.parametrize("beta", [0.5, 2.0])
+def test_gumbel_log_loss_reaches_the_same_log_sum_exp(q_values, beta):
+    x = torch.as_tensor(q_values)
+    expected = beta * (np.logaddexp.reduce(q_values / beta) - math.log(len(q_values)))
+    assert descend(lambda d: gumbel_log_loss(d, beta, max_clip=None), x) == pytest.approx(expected, abs=1e-3)
+
+
+def test_gumbel_log_loss_is_the_log_of_the_gumbel_loss_with_its_gradient():
+    """Value log(J + 1) and gradient dJ / (J + 1), J the Gumbel loss, where nothing is clipped; finite where the
+    textbook form overflows."""
+    diff = torch.tensor([-3.0, -0.5, 0.2, 1.5, 4.0], dtype=torch.float64, requires_grad=True)
+    z = diff / 2.0
+    textbook = torch.log((torch.exp(z) - z - 1).mean() + 1)
+    (expected_grad,) = torch.autograd.grad(textbook, diff)
+    loss = gumbel_log_loss(diff, 2.0, max_clip=7.0)
+    (grad,) = torch.autograd.grad(loss, diff)
+    assert loss.item() == pytest.approx(textbook.item(), rel=1e-12)
+    assert torch.allclose(grad, expected_grad, rtol=1e-12, atol=0)
+    wide = torch.tensor([0.0, 50.0, 400.0, -3.0], requires_grad=True)  # z = 200 at beta 2: exp overflows float32
+    stable = gumbel_log_loss(wide, 2.0, max_clip=7.0)
+    stable.backward()
+    assert torch.isfinite(stable) and torch.isfinite(wide.grad).all()
+
+
 @pytest.mark.parametrize("lam", [0.6, 0.8])
 def test_total_variation_loss_reaches_its_quantile(q_values, lam):
     x = torch.as_tensor(q_values)
@@ -137,9 +161,10 @@ def test_xql_trains_finite_on_large_q_gaps_where_the_naive_exponent_diverges():
     ds = large_gap_dataset()
     # A fast MSE critic (lr 1e-2, target = critic) runs Q ahead of V by thousands within a few dozen steps.
     params = dict(SMALL, reward_normalization=None, random_state=0, critic_loss="mse", critic_lr=1e-2, tau=1.0)
-    model = XQL(**params).fit(ds, n_steps=100, progress=False, log_every=10)
-    assert all(torch.isfinite(p).all() for p in model.value_.parameters())
-    assert all(np.isfinite(v) for v in model.last_metrics_.values())
+    for log_loss in (False, True):
+        model = XQL(**params, log_loss=log_loss).fit(ds, n_steps=100, progress=False, log_every=10)
+        assert all(torch.isfinite(p).all() for p in model.value_.parameters())
+        assert all(np.isfinite(v) for v in model.last_metrics_.values())
     with pytest.raises(TrainingDivergedError, match="value_loss"):
         NaiveXQL(**params).fit(ds, n_steps=100, progress=False, log_every=10)
 

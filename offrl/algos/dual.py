@@ -39,7 +39,7 @@ import torch
 
 from offrl.algos.guide import DEMONSTRATIONS_RULE, load_demonstrations
 from offrl.algos.iql import IQL
-from offrl.algos.losses import awr_actor_loss, gumbel_loss, huber_td_loss, value_loss
+from offrl.algos.losses import awr_actor_loss, gumbel_log_loss, gumbel_loss, huber_td_loss, value_loss
 from offrl.algos.params import boolean, choice, integer, real
 from offrl.datasets.core import Batch, Dataset
 from offrl.datasets.samplers import MixtureSampler, TransitionSampler
@@ -177,16 +177,19 @@ class XQL(FDVL):
     per-dataset values in the presets), `max_clip` the exponent clip (7),
     `random_actions` as for `FDVL`, but 0 by default (the authors' hopper-medium-replay
     script; one uniform action per state costs XQL on hopper and pendulum).
+    `log_loss=True` fits V with the log of the Gumbel loss (the authors' `--log_loss`):
+    the same minimiser, with steps divided by the loss + 1.
     `guide=` plugs in GORL as for IQL.
     """
 
-    _param_rules = {}
+    _param_rules = {"log_loss": boolean()}
 
     def __init__(
         self,
         *,
         beta: float = 2.0,
         max_clip: float = 7.0,
+        log_loss: bool = False,
         temperature: float = 3.0,
         critic_loss: str = "huber",
         huber_delta: float = 20.0,
@@ -217,6 +220,7 @@ class XQL(FDVL):
     ) -> None:
         self.beta = beta
         self.max_clip = max_clip
+        self.log_loss = log_loss
         self.temperature = temperature
         self.critic_loss = critic_loss
         self.huber_delta = huber_delta
@@ -246,6 +250,8 @@ class XQL(FDVL):
         self.guide = guide
 
     def _value_objective(self, diff: torch.Tensor) -> torch.Tensor:
+        if self.log_loss:
+            return gumbel_log_loss(diff, self.beta, self.max_clip)
         return gumbel_loss(diff, self.beta, self.max_clip)
 
 

@@ -115,6 +115,25 @@ def gumbel_loss(diff: torch.Tensor, beta: float, max_clip: float | None = 7.0) -
     return (torch.exp(z - scale) - z * torch.exp(-scale) - torch.exp(-scale)).mean()
 
 
+def gumbel_log_loss(diff: torch.Tensor, beta: float, max_clip: float | None = 7.0) -> torch.Tensor:
+    """The log of XQL's Gumbel loss, log(E[exp(z) - z - 1] + 1), z = diff / beta (the authors' `--log_loss`).
+
+    Same minimiser as `gumbel_loss` (the soft maximum beta log E exp(Q / beta)); its gradient
+    E[(exp(z) - 1) dz] / E[exp(z) - z] is the Gumbel gradient divided by the loss + 1, an
+    adaptive step size.  As the authors do, that gradient is computed analytically: the
+    weights use z clipped at `max_clip` and offset by a = max(z_max, -1) (not
+    differentiated), so nothing overflows, and multiply the unclipped z.  The returned
+    value is log(E[exp(z) - z - 1] + 1) of the clipped z.
+    """
+    z = diff / beta
+    clipped = z.clamp(max=max_clip) if max_clip is not None else z
+    offset = clipped.max().detach().clamp(min=-1.0)
+    denominator = (torch.exp(clipped - offset) - clipped * torch.exp(-offset)).mean()  # e^-a (E[e^z - z])
+    weight = ((torch.exp(clipped - offset) - torch.exp(-offset)) / denominator).detach()
+    surrogate = (weight * z).mean()  # its gradient is the analytic one
+    return surrogate - surrogate.detach() + (offset + torch.log(denominator)).detach()
+
+
 def chi_square_loss(diff: torch.Tensor, lam: float, beta: float = 1.0) -> torch.Tensor:
     """f-DVL's chi-square value loss E[lam max(y + y^2/4, 0) - (1 - lam) y], y = diff / beta.
 
