@@ -47,11 +47,18 @@ def main() -> None:
     import offrl
     from offrl.datasets import load
     from offrl.evaluation import make_env
-    from offrl.sweep import _load_dataset, _make_algorithm
+    from offrl.sweep import _load_dataset, _make_algorithm, resolved_params
 
     config = json.loads((args.run_dir / "config.json").read_text())  # the run as the sweep ran it
     if config.get("labelers") or config.get("online"):
         raise SystemExit(f"{args.run_dir} has labelers or an online phase; this script retrains plain offline runs")
+    recorded = (config.get("resolved_params") or {}).get("algorithm")
+    now = resolved_params(config)["algorithm"]
+    if recorded is not None and recorded != now:  # a default changed since the run (as ReCOIL's actor_data did)
+        changed = ", ".join(f"{k}: {recorded.get(k)!r} then, {now.get(k)!r} now" for k in sorted(set(recorded) | set(now))
+                            if recorded.get(k) != now.get(k))
+        raise SystemExit(f"{args.run_dir}: the code would not train this run as recorded ({changed}); "
+                         "write the recorded values into the config entry and run the sweep again")
     out = args.out or args.run_dir / "snapshots"
     out.mkdir(parents=True, exist_ok=True)
     algo = _make_algorithm(config)  # the sweep's estimator: its settings, seed, device and log_every

@@ -110,3 +110,13 @@ def test_run_snapshots_trains_a_sweep_run_again_with_the_same_losses(tmp_path, m
     assert "losses repeat the run's train.csv at 2 logged steps: True" in out
     assert sorted(p.name for p in (tmp_path / "snaps").glob("step*.pt")) == ["step0000050.pt", "step0000100.pt"]
     assert [line.split()[0] for line in out.splitlines()[2:]] == ["50", "100"]
+    # A run recorded under another default (here a pretend batch size) is refused, not silently retrained.
+    import json
+
+    recorded = json.loads((run_dir / "config.json").read_text())
+    recorded["resolved_params"]["algorithm"]["batch_size"] = 512
+    (run_dir / "config.json").write_text(json.dumps(recorded))
+    monkeypatch.setattr(sys, "argv", ["run_snapshots.py", str(run_dir), "--until", "100", "--every", "50",
+                                      "--out", str(tmp_path / "snaps2")])
+    with pytest.raises(SystemExit, match="batch_size: 512 then, 256 now"):
+        _script("run_snapshots").main()

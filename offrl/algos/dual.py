@@ -178,7 +178,7 @@ class XQL(FDVL):
     `random_actions` as for `FDVL`, but 0 by default (the authors' hopper-medium-replay
     script; one uniform action per state costs XQL on hopper and pendulum).
     `log_loss=True` fits V with the log of the Gumbel loss (the authors' `--log_loss`):
-    the same minimiser, with steps divided by the loss + 1.
+    the same minimiser, the textbook Gumbel gradient divided by the loss + 1.
     `guide=` plugs in GORL as for IQL.
     """
 

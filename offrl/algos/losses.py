@@ -119,7 +119,7 @@ def gumbel_log_loss(diff: torch.Tensor, beta: float, max_clip: float | None = 7.
     """The log of XQL's Gumbel loss, log(E[exp(z) - z - 1] + 1), z = diff / beta (the authors' `--log_loss`).
 
     Same minimiser as `gumbel_loss` (the soft maximum beta log E exp(Q / beta)); its gradient
-    E[(exp(z) - 1) dz] / E[exp(z) - z] is the Gumbel gradient divided by the loss + 1, an
+    E[(exp(z) - 1) dz] / E[exp(z) - z] is the textbook Gumbel gradient divided by the loss + 1, an
     adaptive step size.  As the authors do, that gradient is computed analytically: the
     weights use z clipped at `max_clip` and offset by a = max(z_max, -1) (not
     differentiated), so nothing overflows, and multiply the unclipped z.  The returned
