@@ -222,6 +222,29 @@ def test_random_actions_fit_the_value_to_data_and_uniform_actions_per_state():
         XQL(random_actions=-1).check_params()
 
 
+def test_action_noise_perturbs_the_value_losss_actions_only():
+    """The authors' --noise: the value loss sees the data actions plus clipped Gaussian noise (in units of half the
+    action range), inside the box; the Q' returned for the actor is the data actions' own."""
+    ds = pendulum_shaped_dataset()  # actions in [-2, 2]
+    model = XQL(**SMALL, action_noise=0.1, random_state=0).fit(ds, n_steps=5, progress=False)
+    actions = torch.as_tensor(ds.actions[:2000])
+    noisy = model._with_action_noise(actions)
+    step = noisy - actions
+    assert noisy.min() >= -2.0 and noisy.max() <= 2.0
+    assert step.abs().max() <= 1.0 + 1e-6  # 0.5 of the half-range 2
+    inside = (actions.abs() < 1.5).squeeze(-1)  # away from the box's edges the noise is N(0, (0.1 * 2)^2)
+    assert float(step[inside].std()) == pytest.approx(0.2, rel=0.1)
+    obs = torch.as_tensor(ds.observations[:64])
+    seen = []
+    original = model._target_min
+    model._target_min = lambda critic, o, a: seen.append(a) or original(critic, o, a)
+    _, target_q = model._value_loss_eager(obs, actions[:64])
+    assert not torch.equal(seen[0], actions[:64]) and torch.equal(seen[1], actions[:64])
+    assert torch.equal(target_q, original(model.critic_target_, obs, actions[:64]))
+    with pytest.raises(InvalidParameterError, match="action_noise"):
+        FDVL(action_noise=-0.1).check_params()
+
+
 @pytest.mark.parametrize("make", [lambda: XQL(**SMALL), lambda: FDVL(divergence="chi2", **SMALL),
                                   lambda: FDVL(divergence="tv", **SMALL)])
 def test_xql_and_fdvl_learn_a_contextual_bandit(make):

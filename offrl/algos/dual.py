@@ -61,13 +61,17 @@ class FDVL(IQL):
     `random_actions` is their `--sample_random_times` (uniform actions added to
     the value loss's batch): 1 by default, the f-DVL locomotion example's
     setting, with which f-DVL matches IQL on pendulum as well as hopper.
+    `action_noise` is their `--noise` with `--noise_std`: the value loss sees
+    the data actions plus Gaussian noise of that std (in units of half the
+    action range, clipped at 0.5 of it); 0 (off) by default, as in their code.
     `guide=` plugs in GORL as for IQL.
     """
 
     _param_rules = {"divergence": choice(*_DIVERGENCES), "lam": real(0, 1, closed="right"),
                     "beta": real(0, None, closed="neither"), "max_clip": real(0, None, closed="neither"),
                     "critic_loss": choice("huber", "mse"), "huber_delta": real(0, None, closed="neither"),
-                    "value_layer_norm": boolean(), "random_actions": integer(0)}
+                    "value_layer_norm": boolean(), "random_actions": integer(0),
+                    "action_noise": real(0, None)}
 
     def __init__(
         self,
@@ -81,6 +85,7 @@ class FDVL(IQL):
         huber_delta: float = 20.0,
         value_layer_norm: bool = True,
         random_actions: int = 1,
+        action_noise: float = 0.0,
         hidden_dims: Sequence[int] = (256, 256),
         n_critics: int = 2,
         actor_lr: float = 3e-4,
@@ -113,6 +118,7 @@ class FDVL(IQL):
         self.huber_delta = huber_delta
         self.value_layer_norm = value_layer_norm
         self.random_actions = random_actions
+        self.action_noise = action_noise
         self.hidden_dims = hidden_dims
         self.n_critics = n_critics
         self.actor_lr = actor_lr
@@ -148,17 +154,29 @@ class FDVL(IQL):
         return ValueNetwork(obs_dim, hidden, layer_norm=bool(self.value_layer_norm))
 
     def _value_loss_eager(self, obs, actions):
-        """The value loss on the batch, plus `random_actions` uniform actions per state when set (the authors'
-        `--sample_random_times`: V is fitted to Q' under (data + uniform) / 2 for 1).  Returns Q' of the data rows
-        only, for the actor."""
-        if not self.random_actions:
+        """The value loss on the batch, with the data actions perturbed by `action_noise` and followed by
+        `random_actions` uniform actions per state when set (the authors' `--noise` and `--sample_random_times`:
+        for 1, V is fitted to Q' under (data + uniform) / 2).  Returns Q' of the data rows as logged, for the actor."""
+        if not self.random_actions and not self.action_noise:
             return super()._value_loss_eager(obs, actions)
-        value_obs, value_actions = self._with_random_actions(obs, actions)
+        value_actions = self._with_action_noise(actions) if self.action_noise else actions
+        value_obs, value_actions = (self._with_random_actions(obs, value_actions) if self.random_actions
+                                    else (obs, value_actions))
         with self._autocast():
             with torch.no_grad():
                 target_q = self._target_min(self.critic_target_, value_obs, value_actions)
+                data_q = (self._target_min(self.critic_target_, obs, actions) if self.action_noise
+                          else target_q[: obs.shape[0]])
             v = self.value_(value_obs)
-            return self._value_objective(target_q - v), target_q[: obs.shape[0]]
+            return self._value_objective(target_q - v), data_q
+
+    def _with_action_noise(self, actions: torch.Tensor) -> torch.Tensor:
+        """The data actions plus N(0, action_noise^2) noise, clipped at +-0.5, in units of half the action range,
+        then clipped to the action box (the authors' --noise, written for actions in [-1, 1])."""
+        policy = self.policy_
+        noise = (torch.randn_like(actions) * float(self.action_noise)).clamp(-0.5, 0.5) * policy.action_scale
+        low, high = policy.action_bias - policy.action_scale, policy.action_bias + policy.action_scale
+        return torch.maximum(torch.minimum(actions + noise, high), low)
 
     def _with_random_actions(self, obs: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The batch's states and actions followed by each state `random_actions` more times, each with an action
@@ -175,8 +193,9 @@ class XQL(FDVL):
 
     `beta` is the Gumbel temperature (the authors' `--temp`: 2 for hopper-medium-replay;
     per-dataset values in the presets), `max_clip` the exponent clip (7),
-    `random_actions` as for `FDVL`, but 0 by default (the authors' hopper-medium-replay
-    script; one uniform action per state costs XQL on hopper and pendulum).
+    `random_actions` and `action_noise` as for `FDVL`, but random actions are 0 by
+    default (the authors' hopper-medium-replay script; one uniform action per
+    state costs XQL on hopper and pendulum).
     `log_loss=True` fits V with the log of the Gumbel loss (the authors' `--log_loss`):
     the same minimiser, the textbook Gumbel gradient divided by the loss + 1.
     `guide=` plugs in GORL as for IQL.
@@ -195,6 +214,7 @@ class XQL(FDVL):
         huber_delta: float = 20.0,
         value_layer_norm: bool = True,
         random_actions: int = 0,
+        action_noise: float = 0.0,
         hidden_dims: Sequence[int] = (256, 256),
         n_critics: int = 2,
         actor_lr: float = 3e-4,
@@ -226,6 +246,7 @@ class XQL(FDVL):
         self.huber_delta = huber_delta
         self.value_layer_norm = value_layer_norm
         self.random_actions = random_actions
+        self.action_noise = action_noise
         self.hidden_dims = hidden_dims
         self.n_critics = n_critics
         self.actor_lr = actor_lr
