@@ -737,8 +737,7 @@ class OfflineAlgorithm(BaseEstimator):
                     actions = policy(obs)[0]
                     noise = torch.randn(actions.shape, generator=generator, device=actions.device, dtype=actions.dtype)
                     actions = actions + noise * self._exploration_noise * policy.action_scale
-                    low, high = policy.action_bias - policy.action_scale, policy.action_bias + policy.action_scale
-                    return torch.minimum(torch.maximum(actions, low), high), torch.zeros(len(actions), device=obs.device)
+                    return policy.clamp_to_bounds(actions), torch.zeros(len(actions), device=obs.device)
                 actions, log_probs = policy(obs, deterministic=False, with_log_prob=True)
                 return actions, log_probs
             finally:

@@ -175,8 +175,7 @@ class FDVL(IQL):
         then clipped to the action box (the authors' --noise, written for actions in [-1, 1])."""
         policy = self.policy_
         noise = (torch.randn_like(actions) * float(self.action_noise)).clamp(-0.5, 0.5) * policy.action_scale
-        low, high = policy.action_bias - policy.action_scale, policy.action_bias + policy.action_scale
-        return torch.maximum(torch.minimum(actions + noise, high), low)
+        return policy.clamp_to_bounds(actions + noise)
 
     def _with_random_actions(self, obs: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The batch's states and actions followed by each state `random_actions` more times, each with an action

@@ -108,11 +108,16 @@ def gumbel_loss(diff: torch.Tensor, beta: float, max_clip: float | None = 7.0) -
     exp(z - m) - z exp(-m) - exp(-m) has the same stationary point and its
     exponent never exceeds 0, so a batch with one huge gap takes a bounded step.
     """
-    z = diff / beta
+    z, scale = _clipped_and_offset(diff / beta, max_clip)
+    return (torch.exp(z - scale) - z * torch.exp(-scale) - torch.exp(-scale)).mean()
+
+
+def _clipped_and_offset(z: torch.Tensor, max_clip: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """z clipped from above at `max_clip`, and the authors' offset a = max(z_max, -1) (not differentiated), by which
+    both Gumbel losses shift their exponent so that it never exceeds 0."""
     if max_clip is not None:
         z = z.clamp(max=max_clip)
-    scale = z.max().detach().clamp(min=-1.0)
-    return (torch.exp(z - scale) - z * torch.exp(-scale) - torch.exp(-scale)).mean()
+    return z, z.max().detach().clamp(min=-1.0)
 
 
 def gumbel_log_loss(diff: torch.Tensor, beta: float, max_clip: float | None = 7.0) -> torch.Tensor:
@@ -126,10 +131,10 @@ def gumbel_log_loss(diff: torch.Tensor, beta: float, max_clip: float | None = 7.
     value is log(E[exp(z) - z - 1] + 1) of the clipped z.
     """
     z = diff / beta
-    clipped = z.clamp(max=max_clip) if max_clip is not None else z
-    offset = clipped.max().detach().clamp(min=-1.0)
-    denominator = (torch.exp(clipped - offset) - clipped * torch.exp(-offset)).mean()  # e^-a (E[e^z - z])
-    weight = ((torch.exp(clipped - offset) - torch.exp(-offset)) / denominator).detach()
+    clipped, offset = _clipped_and_offset(z, max_clip)
+    shifted, floor = torch.exp(clipped - offset), torch.exp(-offset)  # e^(z - a), e^-a
+    denominator = (shifted - clipped * floor).mean()  # e^-a (E[e^z - z])
+    weight = ((shifted - floor) / denominator).detach()
     surrogate = (weight * z).mean()  # its gradient is the analytic one
     return surrogate - surrogate.detach() + (offset + torch.log(denominator)).detach()
 

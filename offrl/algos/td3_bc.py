@@ -123,8 +123,7 @@ class TD3PlusBC(GuidedMixin, OfflineAlgorithm):
         with self._autocast():
             with torch.no_grad():
                 noise = (torch.randn_like(actions) * self.policy_noise).clamp(-self.noise_clip, self.noise_clip)
-                next_actions = (policy(next_obs)[0] + noise * policy.action_scale).clamp(
-                    policy.action_bias - policy.action_scale, policy.action_bias + policy.action_scale)
+                next_actions = policy.clamp_to_bounds(policy(next_obs)[0] + noise * policy.action_scale)
                 target_q = self._target_min(self.critic_target_, next_obs, next_actions)
                 target = rewards + self.gamma * (1.0 - terminals) * target_q
             q = self.critic_(obs, actions)

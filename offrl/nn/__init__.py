@@ -370,6 +370,11 @@ class _ScaledPolicy(nn.Module):
     def to_unit(self, action: torch.Tensor) -> torch.Tensor:
         return (action - self.action_bias) / self.action_scale
 
+    def clamp_to_bounds(self, action: torch.Tensor) -> torch.Tensor:
+        """`action` (in the env's units) clipped into the env's action box, e.g. after adding noise."""
+        return torch.minimum(torch.maximum(action, self.action_bias - self.action_scale),
+                             self.action_bias + self.action_scale)
+
 
 class TanhGaussianPolicy(_ScaledPolicy):
     """SAC's policy: a = scale * tanh(u) + bias, u ~ N(mu(s), sigma(s)).
